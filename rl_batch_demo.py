@@ -29,25 +29,31 @@ shipped single file holds them in this order, each part opening with its source 
     parse: parsing what the cluster and the episodes said.
     manifests: the objects a run creates, as plain dicts; capacity.
     tenancy: a run in a namespace it shares, and its Jobs queued: names, labels, a queue's quota.
+    podspec: what each episode's pod is given (--cpu, --memory, --env, Secrets, egress), checked.
     timing: what each episode went through: points, bounds, clocks, phases.
     outcomes: verification and classification: every episode's outcome, none dropped.
     summary: the batch's summary: throughput, slots, drafts, the events' index, episodes.csv.
     render: SVG pictures, tables, the comparison.
+    metrics: metrics.prom, the run's figures as OpenMetrics text; the push to a Pushgateway.
+    telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
-    kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
+    kube: the one edge to the cluster: `Kubectl`, `ApiProxy` (shared by a process's runs), paged reads.
     sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.
     watch: watching a batch: its Jobs as one, watches, polling, progress line, logs as pods end.
     follow: following a batch: its state, rewards, the follower, its evidence.
     syntax: an episode script's syntax, checked before it is shipped.
     preflight: what `run` checks and records before it changes the cluster.
     kueue: a shared namespace's objects deleted by UID; Kueue's queues and Workloads as read.
+    secretcopy: --env-from-secret's Secrets read before anything is created, copied once it may be.
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
+    lease: one follower per run: a lock file in its directory, a lease on its namespace.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
     pool: the `pool` action and open_pool(): warm sandboxes claimed, driven and let go.
     report: `report` and `compare`: saved files only, no cluster.
+    attach: `attach`: follow a run whose client is gone, from its receipt, run.json and files.
     cli: the parser, its checks, and `main`.
-    api: `run_batch` and `stream_batch` for Python callers.
+    api: `run_batch`, `stream_batch` and `attach_batch` for Python callers.
 
 A run starts at cli.main() -> run_command() (or run_batch() / stream_batch() from Python)
 -> perform_run(): start_run() makes its Settings and RunPlan; execute() calls its steps
@@ -63,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import base64
 import bisect
 import codecs
@@ -73,12 +80,14 @@ import copy
 import csv
 import dataclasses
 import datetime
+import email.utils
 import functools
 import gc
 import hashlib
 import heapq
 import http.client
 import io
+import ipaddress
 import itertools
 import json
 import math
@@ -96,7 +105,9 @@ import tempfile
 import threading
 import time
 import tokenize
+import urllib.error
 import urllib.parse
+import urllib.request
 import warnings
 from html import escape as html_escape
 from pathlib import Path
@@ -241,6 +252,13 @@ JOBS_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "jobs-planned"
 
 EPISODES_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "episodes-planned"
 
+# Who follows the run: a lease as Kubernetes leader election keeps one (holder, renew time,
+# duration), as JSON on the run's namespace, renewed every LEASE_RENEW_SECONDS while a client
+# follows; `attach --force` takes over one not renewed for LEASE_STALE_PERIODS periods.
+FOLLOWER_ANNOTATION = ANNOTATION_PREFIX + "follower"
+LEASE_RENEW_SECONDS = 10
+LEASE_STALE_PERIODS = 3
+
 # `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
 USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
 
@@ -255,6 +273,10 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 BATCH_LABEL = ANNOTATION_PREFIX + "batch"
 
 EPISODE_INDEXES_ANNOTATION = ANNOTATION_PREFIX + "episode-indexes"
+
+# What an episode's pod's activeDeadlineSeconds is made of, as the run was given it
+# ("--pull-timeout 60 + --episode-timeout 30"): a pod stopped at its deadline names them.
+DEADLINE_ANNOTATION = ANNOTATION_PREFIX + "deadline"
 
 # --prepull's pods (one per node and image, each running `python -c pass`) carry this label.
 PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
@@ -283,6 +305,13 @@ RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
 
 SETTINGS_FILE = "run.json"
+
+# One follower per output directory: its host, PID and process start, held while it follows.
+LOCK_FILE = "follower.lock"
+
+# Every Job of every batch the run plans, saved before the first is created: what `attach`
+# creates of a run stopped between two batches.
+PLANNED_JOBS_FILE = "jobs-planned.json"
 
 # Kubectl's words for a 404 without a Kubernetes Status naming an object: the
 # server does not know the URL at all (not a Kubernetes API, or not this API group).
@@ -358,6 +387,12 @@ NEED_MIN_SERVER = (1, 33)
 
 # The reason of a Job's SuccessCriteriaMet (then Complete) condition when its successPolicy was met.
 SUCCESS_POLICY_REASON = "SuccessPolicy"
+
+# --need-groups K: once K whole groups have every member's valid line, the tool stamps each Job of
+# the batch with this annotation (value K) as it suspends it, which stops the rest: such a Job has
+# ended, "Complete", once none of its pods is left running (job_finished).
+NEED_GROUPS_ANNOTATION = ANNOTATION_PREFIX + "need-groups-met"
+NEED_GROUPS_REASON = "NeedGroupsMet"
 
 # The kubelet's reason on a pod that outlived its activeDeadlineSeconds (--episode-timeout).
 POD_DEADLINE_REASON = "DeadlineExceeded"
@@ -522,6 +557,9 @@ TOKEN_SECRET = "sandbox-token"
 TOKEN_KEY = "token"
 TOKEN_MOUNT = "/sandbox-token"
 TOKEN_HEADER = "X-Sandbox-Token"
+# Every answer of a sandbox server carries it: an answer without it came from the way there (`kubectl
+# proxy` or the API server, e.g. 500 "connection refused" while the API server restarts).
+ANSWER_HEADER = "X-Sandbox-Answer"
 # What the sandbox server exits with once left idle: the pool's Job fails on it (podFailurePolicy
 # FailJob), so no new pod follows a trainer that went away.
 IDLE_EXIT_CODE = 75
@@ -556,6 +594,7 @@ import hmac
 import json
 import os
 import shutil
+import selectors
 import signal
 import subprocess
 import sys
@@ -575,6 +614,7 @@ IDLE_EXIT_CODE = 75  # EX_TEMPFAIL: the pool was left idle; its Job ends on it
 OUTPUT_CAP_BYTES = int(os.environ.get("SANDBOX_OUTPUT_CAP_BYTES", str(1 << 20)))
 CHUNK_BYTES = 1 << 16
 OUTPUT_GRACE_SECONDS = 0.5
+POLL_SECONDS = 0.01  # how often a command's end is asked for where no pidfd tells it
 BODY_MOST_BYTES = 64 << 20  # a file written or a command's stdin
 NOT_FOUND_EXIT_CODE = 127  # what a shell answers for a command it cannot find
 
@@ -592,6 +632,9 @@ class Sandbox:
         self.in_flight = 0  # commands running: a sandbox running one is not idle
         self.groups: set[int] = set()
         self.lock = threading.Lock()
+        # Set when a command ended: its orphans are reaped by the idle watcher's thread, off the
+        # next request's way (a /proc scan took 3 ms where a host shows 160 processes).
+        self.reap_wanted = threading.Event()
 
     def authorised(self, given: Optional[str]) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self.token)
@@ -673,19 +716,85 @@ def become_subreaper() -> None:
         pass  # not Linux: a daemon that left its group outlives finish until the pod ends
 
 
-def capped_reader(stream: Any, kept: List[bytes], flags: Dict[str, bool]) -> None:
-    """Read a pipe to its end, keeping its first OUTPUT_CAP_BYTES: a command that prints 100 MB
-    costs the sandbox no memory past the cap, and is never blocked on a full pipe."""
-    size = 0
-    while True:
-        chunk = stream.read(CHUNK_BYTES)
-        if not chunk:
-            return
+class Output:
+    """A command's stdout and stderr as they are read: each stream's first OUTPUT_CAP_BYTES kept, the
+    rest read and dropped (a command that prints 100 MB costs the sandbox no memory past the cap,
+    and is never blocked on a full pipe)."""
+
+    def __init__(self) -> None:
+        self.kept: Dict[int, List[bytes]] = {}
+        self.sizes: Dict[int, int] = {}
+        self.truncated = False
+
+    def take(self, fd: int, chunk: bytes) -> None:
+        size = self.sizes.get(fd, 0)
         if size < OUTPUT_CAP_BYTES:
-            kept.append(chunk[: OUTPUT_CAP_BYTES - size])
-        if size + len(chunk) > OUTPUT_CAP_BYTES:
-            flags["truncated"] = True
-        size += len(chunk)
+            self.kept.setdefault(fd, []).append(chunk[: OUTPUT_CAP_BYTES - size])
+        self.truncated = self.truncated or size + len(chunk) > OUTPUT_CAP_BYTES
+        self.sizes[fd] = size + len(chunk)
+
+    def text(self, fd: int) -> bytes:
+        return b"".join(self.kept.get(fd, []))
+
+
+def process_handle(pid: int) -> Optional[int]:
+    """A file descriptor readable once the process ends (Linux 5.3+), or None: then its end is
+    asked for every POLL_SECONDS."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def collect_output(
+    process: "subprocess.Popen[bytes]", deadline: Optional[float], output: Output
+) -> bool:
+    """Read the command's stdout and stderr to their ends in this one thread (no reader threads:
+    each thread a command starts is a wakeup more on its round trip), killing its group at the
+    deadline. A daemon the command left with its pipes keeps them open: once the command has
+    ended, its output is waited for OUTPUT_GRACE_SECONDS more, no longer (the daemon lives on
+    until reset or finish). Whether the command was killed at its deadline."""
+    pipes = [process.stdout.fileno(), process.stderr.fileno()]  # type: ignore[union-attr]
+    handle = process_handle(process.pid)
+    ended_at: Optional[float] = None
+    timed_out = False
+    with selectors.DefaultSelector() as selector:
+        for fd in pipes:
+            selector.register(fd, selectors.EVENT_READ)
+        if handle is not None:
+            selector.register(handle, selectors.EVENT_READ)
+        while any(fd in selector.get_map() for fd in pipes):
+            now = time.monotonic()
+            if ended_at is None and (handle is None and process.poll() is not None):
+                ended_at = now
+            if deadline is not None and not timed_out and ended_at is None and now >= deadline:
+                kill_group(process.pid)
+                timed_out = True
+            if ended_at is not None and now >= ended_at + OUTPUT_GRACE_SECONDS:
+                break
+            waits = [ended_at + OUTPUT_GRACE_SECONDS - now] if ended_at is not None else []
+            waits += [deadline - now] if deadline is not None and not timed_out else []
+            waits += [POLL_SECONDS] if handle is None and ended_at is None else []
+            for key, _mask in selector.select(max(0.0, min(waits)) if waits else None):
+                if key.fd == handle:
+                    selector.unregister(handle)
+                    ended_at = time.monotonic()
+                    continue
+                chunk = os.read(key.fd, CHUNK_BYTES)
+                if chunk:
+                    output.take(key.fd, chunk)
+                else:
+                    selector.unregister(key.fd)
+    if handle is not None:
+        os.close(handle)
+    return timed_out
+
+
+def kill_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass  # the group ended meanwhile
 
 
 def command_argv(request: Dict[str, Any]) -> Any:
@@ -699,7 +808,7 @@ def command_argv(request: Dict[str, Any]) -> Any:
     return argv
 
 
-def start_command(request: Dict[str, Any]) -> "subprocess.Popen[bytes]":
+def start_command(request: Dict[str, Any], stdin: bytes) -> "subprocess.Popen[bytes]":
     """The command started, leading a process group (and session) of its own."""
     argv = command_argv(request)
     env = dict(os.environ)
@@ -709,7 +818,7 @@ def start_command(request: Dict[str, Any]) -> "subprocess.Popen[bytes]":
         shell=isinstance(argv, str),
         cwd=os.path.join(WORKSPACE, request.get("cwd") or ""),
         env=env,
-        stdin=subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -717,42 +826,39 @@ def start_command(request: Dict[str, Any]) -> "subprocess.Popen[bytes]":
 
 
 def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
-    """Run one command to its end, or to its timeout (then its whole group is killed)."""
+    """Run one command to its end, or to its timeout (then its whole group is killed). The orphans
+    it left are reaped once its answer has gone (`reap_wanted`), off its round trip."""
     started = time.monotonic()
     cwd = os.path.join(WORKSPACE, request.get("cwd") or "")
     if not os.path.isdir(cwd):
         return outcome(126, b"", f"no directory {cwd}\n".encode(), False, False, started)
+    stdin = base64.b64decode(request.get("stdin") or "")
     try:
         with sandbox.lock:  # listed before the reaper can see it end
-            process = start_command(request)
+            process = start_command(request, stdin)
             sandbox.groups.add(process.pid)
             sandbox.in_flight += 1
     except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
         code = NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError) else 126
         return outcome(code, b"", f"{error}\n".encode(), False, False, started)
-    out: List[bytes] = []
-    err: List[bytes] = []
-    flags = {"truncated": False}
-    readers = [
-        threading.Thread(target=capped_reader, args=(pipe, kept, flags), daemon=True)
-        for pipe, kept in ((process.stdout, out), (process.stderr, err))
-    ]
-    for reader in readers:
-        reader.start()
-    stdin = base64.b64decode(request.get("stdin") or "")
-    threading.Thread(target=feed, args=(process.stdin, stdin), daemon=True).start()
-    timed_out = wait_command(process, request.get("timeout"))
-    # A daemon the command left with its output pipes keeps them open: its output past this
-    # grace is not waited for (the daemon itself lives until reset or finish).
-    grace = time.monotonic() + OUTPUT_GRACE_SECONDS
-    for reader in readers:
-        reader.join(timeout=max(0.0, grace - time.monotonic()))
-    with sandbox.lock:
-        sandbox.groups.discard(process.pid)
-        sandbox.in_flight -= 1
-    reap_orphans(sandbox)
+    if stdin:
+        threading.Thread(target=feed, args=(process.stdin, stdin), daemon=True).start()
+    timeout = request.get("timeout")
+    output = Output()
+    out, err = process.stdout.fileno(), process.stderr.fileno()  # type: ignore[union-attr]
+    try:
+        deadline = started + float(timeout) if timeout is not None else None
+        timed_out = collect_output(process, deadline, output)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        timed_out = wait_command(process, None if timed_out else left) or timed_out
+    finally:
+        for pipe in (process.stdout, process.stderr):
+            pipe.close()  # type: ignore[union-attr]
+        with sandbox.lock:
+            sandbox.groups.discard(process.pid)
+            sandbox.in_flight -= 1
     return outcome(
-        process.returncode, b"".join(out), b"".join(err), flags["truncated"], timed_out, started
+        process.returncode, output.text(out), output.text(err), output.truncated, timed_out, started
     )
 
 
@@ -763,10 +869,7 @@ def wait_command(process: "subprocess.Popen[bytes]", timeout: Optional[float]) -
         process.wait(timeout=timeout)
         return False
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            pass  # the group ended meanwhile
+        kill_group(process.pid)
         process.wait()
         return True
 
@@ -831,6 +934,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def answer(self, status: int, body: bytes, kind: str = "application/json") -> None:
         self.send_response(status)
+        self.send_header("X-Sandbox-Answer", "1")  # the way there (a proxy) answers without it
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -872,6 +976,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, {"ready_at": self.sandbox.ready_at, "started_at": STARTED_AT})
         elif (method, path) == ("POST", "/run"):
             self.reply(200, run_command(self.sandbox, json.loads(body or b"{}")))
+            self.sandbox.reap_wanted.set()
         elif (method, path) == ("PUT", "/file"):
             target = workspace_path(query)
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
@@ -907,7 +1012,8 @@ class Handler(BaseHTTPRequestHandler):
 def watch_idle(sandbox: Sandbox) -> None:
     """End the sandbox, and with it the pool's Job, once nobody has asked anything for so long."""
     while True:
-        time.sleep(min(IDLE_SECONDS, 1.0))
+        sandbox.reap_wanted.wait(min(IDLE_SECONDS, 1.0))
+        sandbox.reap_wanted.clear()
         reap_orphans(sandbox)
         if sandbox.in_flight == 0 and time.monotonic() - sandbox.last_request > IDLE_SECONDS:
             sandbox.kill_everything()
@@ -1282,6 +1388,83 @@ class RunRequest:
     # --namespace: an existing namespace the run shares (None: a namespace of its own); --queue.
     namespace: str | None = None
     queue: str | None = None
+    # What each episode's pod is given, as the caller wrote it (podspec checks and reads them).
+    cpu: str | None = None
+    memory: str | None = None
+    env: tuple[str, ...] = ()
+    env_from_secret: tuple[str, ...] = ()
+    allow_egress: tuple[str, ...] = ()
+    need_groups: int | None = None  # --need-groups K: the batch ends once K groups are whole
+    otlp_endpoint: str | None = (
+        None  # --otlp-endpoint; None: $OTEL_EXPORTER_OTLP_ENDPOINT's, if any
+    )
+    pushgateway: str | None = None  # --pushgateway
+    detach: bool = False  # create everything, write the receipt, return: `attach` follows it
+
+
+class EgressTarget(NamedTuple):
+    """One --allow-egress, as given (`given`) and as its NetworkPolicy rule holds it: the CIDRs
+    (a HOST's addresses, as the tool resolved them when the run started), and the TCP port (None:
+    every port of a CIDR); `host` is the name a HOST entry pins to those addresses (hostAliases)."""
+
+    given: str
+    cidrs: tuple[str, ...]
+    port: int | None = None
+    host: str | None = None
+
+
+class SecretSource(NamedTuple):
+    """One --env-from-secret: the Secret `name` of `namespace` (None: the context's namespace),
+    copied into the run's namespace under the same name."""
+
+    name: str
+    namespace: str | None = None
+
+
+class EpisodePod(NamedTuple):
+    """What every episode's pod is given beside its program: its CPU and memory as (request,
+    limit) (--cpu, --memory), its environment (--env), Secrets whose keys become its environment
+    (--env-from-secret), and under --harden the only places it may reach (--allow-egress)."""
+
+    cpu: tuple[str, str] = ("100m", "500m")
+    memory: tuple[str, str] = ("64Mi", "128Mi")
+    env: tuple[tuple[str, str], ...] = ()
+    secrets: tuple[SecretSource, ...] = ()
+    egress: tuple[EgressTarget, ...] = ()
+
+    def saved(self) -> dict[str, Any]:
+        """run.json's fields of what differs from the default pod (the guide's resources)."""
+        saved: dict[str, Any] = {}
+        default = EpisodePod()
+        for name in ("cpu", "memory"):
+            if getattr(self, name) != getattr(default, name):
+                saved[name] = dict(zip(("request", "limit"), getattr(self, name)))
+        if self.env:
+            saved["env"] = dict(self.env)
+        if self.secrets:
+            saved["env_from_secret"] = [secret._asdict() for secret in self.secrets]
+        if self.egress:
+            saved["allow_egress"] = [target._asdict() for target in self.egress]
+        return saved
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> EpisodePod:
+        default = cls()
+        cpu, memory = saved.get("cpu"), saved.get("memory")
+        return cls(
+            cpu=(cpu["request"], cpu["limit"]) if cpu else default.cpu,
+            memory=(memory["request"], memory["limit"]) if memory else default.memory,
+            env=tuple((saved.get("env") or {}).items()),
+            secrets=tuple(SecretSource(**each) for each in saved.get("env_from_secret") or ()),
+            egress=tuple(
+                EgressTarget(**dict(each, cidrs=tuple(each["cidrs"])))
+                for each in saved.get("allow_egress") or ()
+            ),
+        )
+
+
+# The guide's episode pod: 100m/64Mi requested, 500m/128Mi the limits, nothing added.
+GUIDE_POD = EpisodePod()
 
 
 class PoolShape(NamedTuple):
@@ -1334,6 +1517,7 @@ class Settings:
     allow_failures: int | None = None
     task_ids: tuple[str, ...] | None = None
     need: int | None = None
+    need_groups: int | None = None
     episode_timeout: int | None = None
     # An image per task: each task's image (after --image-map, as `image` is), the map itself,
     # the pods' pull deadline, and whether the images are pre-pulled.
@@ -1345,9 +1529,9 @@ class Settings:
     context: str | None = None
     namespace: str | None = None
     batches: tuple[BatchEntry, ...] = ()
-    # --namespace: the run shares a namespace it did not create; --queue: its Jobs' LocalQueue.
-    shared_namespace: bool = False
-    queue: str | None = None
+    shared_namespace: bool = False  # --namespace: the run shares a namespace it did not make
+    queue: str | None = None  # --queue: its Jobs' Kueue LocalQueue
+    pod: EpisodePod = GUIDE_POD  # --cpu, --memory, --env, --env-from-secret, --allow-egress
 
     def saved(self) -> dict[str, Any]:
         """run.json's fields: the rollout options only for a rollout, --need and --episode-timeout
@@ -1381,6 +1565,8 @@ class Settings:
             )
         if self.need is not None:
             saved["need"] = self.need
+        if self.need_groups is not None:
+            saved["need_groups"] = self.need_groups
         if self.episode_timeout is not None:
             saved["episode_timeout"] = self.episode_timeout
         if self.rollout and self.task_images is not None:
@@ -1391,10 +1577,8 @@ class Settings:
             saved["pull_timeout"] = self.pull_timeout
         if self.prepull:
             saved["prepull"] = True
-        if self.shared_namespace:
-            saved["shared_namespace"] = True
-        if self.queue is not None:
-            saved["queue"] = self.queue
+        saved.update(tenancy_saved(self.shared_namespace, self.queue))
+        saved.update(self.pod.saved())
         saved.update(
             {
                 "context": self.context,
@@ -1437,6 +1621,7 @@ class Settings:
             allow_failures=saved.get("allow_failures"),
             task_ids=None if task_ids is None else tuple(task_ids),
             need=saved.get("need"),
+            need_groups=saved.get("need_groups"),
             episode_timeout=saved.get("episode_timeout"),
             context=saved["context"],
             namespace=saved["namespace"],
@@ -1450,9 +1635,19 @@ class Settings:
             image_map=tuple((saved.get("image_map") or {}).items()),
             pull_timeout=saved.get("pull_timeout"),
             prepull=bool(saved.get("prepull")),
-            shared_namespace=bool(saved.get("shared_namespace")),
-            queue=saved.get("queue"),
+            **tenancy_fields(saved),
+            pod=EpisodePod.from_saved(saved),
         )
+
+
+def tenancy_saved(shared_namespace: bool, queue: str | None) -> dict[str, Any]:
+    """run.json's --namespace and --queue: only for a run in a namespace it shares."""
+    return {"shared_namespace": True, "queue": queue} if shared_namespace else {}
+
+
+def tenancy_fields(saved: dict[str, Any]) -> dict[str, Any]:
+    """run.json's --namespace and --queue as Settings' fields (absent: a namespace of its own)."""
+    return {"shared_namespace": bool(saved.get("shared_namespace")), "queue": saved.get("queue")}
 
 
 def saved_entry(entry: BatchEntry) -> dict[str, Any]:
@@ -1719,6 +1914,12 @@ def kubeconfig_path() -> str:
 def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
     extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
     return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
+
+
+def attach_command(output: str, kubectl_binary: str = "kubectl") -> str:
+    """The command that picks a run up again, once its client is gone."""
+    extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
+    return f"{program_name()} attach --output {shlex.quote(output)}{extra}"
 
 
 class Receipt:
@@ -2164,11 +2365,23 @@ def condition_true(obj: dict, kind: str) -> bool:
 
 
 def job_finished(job: dict) -> str | None:
-    """ "Complete" or "Failed" once the Job controller has said so, else None."""
+    """ "Complete" or "Failed" once the Job controller has said so, else None. A Job the tool
+    stopped once --need-groups was met is "Complete" once none of its pods is left running,
+    whatever its controller concluded of the pods that stopping deleted."""
+    if cancelled_by_tool(job):
+        status = job.get("status") or {}
+        stopped = any(condition_true(job, kind) for kind in ("Suspended", "Complete", "Failed"))
+        # Its pods still terminating are stopped all the same: the batch is over.
+        return "Complete" if stopped and not status.get("active") else None
     for kind in ("Complete", "Failed"):
         if condition_true(job, kind):
             return kind
     return None
+
+
+def cancelled_by_tool(job: dict) -> bool:
+    """The tool stopped the Job's remaining episodes once --need-groups was met."""
+    return NEED_GROUPS_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {})
 
 
 def job_episode_indexes(job: dict) -> list[int] | None:
@@ -2213,10 +2426,20 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
             "creationTimestamp": first_creation(jobs),
             "resourceVersion": newest_version(jobs),
             "labels": {BATCH_LABEL: batch},
+            **merged_annotations(jobs),
         },
         "spec": merged_spec(jobs),
         "status": merged_status(jobs, expected),
     }
+
+
+def merged_annotations(jobs: Sequence[dict]) -> dict[str, Any]:
+    """Of the Jobs' annotations, the one that says the tool stopped them (--need-groups)."""
+    for job in jobs:
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        if NEED_GROUPS_ANNOTATION in annotations:
+            return {"annotations": {NEED_GROUPS_ANNOTATION: annotations[NEED_GROUPS_ANNOTATION]}}
+    return {}
 
 
 def first_creation(jobs: Sequence[dict]) -> str | None:
@@ -2274,11 +2497,18 @@ def merged_end(jobs: Sequence[dict], ends: Sequence[str | None]) -> list[dict]:
     """The conditions of Jobs that have all ended: Complete (and SuccessCriteriaMet) as the latest
     says if every one completed, else Failed as the first that failed says, at the latest end."""
     if all(end == "Complete" for end in ends):
+        suspended = [
+            condition(job, "Suspended") for job in jobs if condition_true(job, "Suspended")
+        ]
         return [
             c
             for c in (
                 latest_condition(jobs, "SuccessCriteriaMet"),
                 latest_condition(jobs, "Complete"),
+                # Those the tool stopped (--need-groups): the last of them to be.
+                max(suspended, key=lambda c: parse_time((c or {}).get("lastTransitionTime")) or 0.0)
+                if suspended
+                else None,
             )
             if c is not None
         ]
@@ -2713,6 +2943,23 @@ def network_policy_manifest(namespace: str) -> dict:
     }
 
 
+def pool_network_policy_manifest(namespace: str) -> dict:
+    """--harden for a pool: no egress at all, and no ingress but to the sandbox server's port.
+    The API server's pod proxy reaches that port from a node's address, which no selector of pods
+    or namespaces names (and a deny-all policy, enforced, would refuse it): the port is open to
+    any source, the run's token keeping out every request but the pool's."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-all-but-sandbox-port", "namespace": namespace},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
+        },
+    }
+
+
 def file_line(number: int) -> str:
     return f"line {number}"
 
@@ -3020,10 +3267,16 @@ def indexed_env(indexed: bool, tasks: dict | None) -> list[dict]:
 
 
 def episode_container(
-    image: str, harden: bool, indexed: bool, tasks: dict | None, launch: Launch | None = None
+    image: str,
+    harden: bool,
+    indexed: bool,
+    tasks: dict | None,
+    launch: Launch | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
-    """The container that runs the episode program: unprivileged, small requests and limits;
-    a rollout's, through EPISODE_LAUNCHER (`launch`)."""
+    """The container that runs the episode program: unprivileged, the requests and limits of `pod`
+    (small by default), its --env after the tool's own and its Secrets' keys (envFrom: the kubelet
+    lets `env` win); a rollout's, through EPISODE_LAUNCHER (`launch`)."""
     security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -3037,19 +3290,43 @@ def episode_container(
     ]
     if tasks:
         mounts.append({"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
-    return {
+    container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-B", f"/demo/{LAUNCHER_KEY if launch else WORKER_KEY}"],
-        "env": episode_env(indexed, tasks, launch),
+        "env": episode_env(indexed, tasks, launch)
+        + [{"name": key, "value": value} for key, value in pod.env],
         "securityContext": security,
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "128Mi"},
-        },
+        "resources": pod_resources(pod),
         "volumeMounts": mounts,
     }
+    if pod.secrets:
+        container["envFrom"] = [{"secretRef": {"name": secret.name}} for secret in pod.secrets]
+    return container
+
+
+def pod_resources(pod: EpisodePod) -> dict:
+    """A container's requests and limits from --cpu and --memory (the guide's by default)."""
+    return {
+        "requests": {"cpu": pod.cpu[0], "memory": pod.memory[0]},
+        "limits": {"cpu": pod.cpu[1], "memory": pod.memory[1]},
+    }
+
+
+def host_aliases(targets: Sequence[EgressTarget]) -> list[dict]:
+    """Each HOST of --allow-egress pinned to its resolved addresses in the pods' /etc/hosts: the
+    deny-all leaves them no DNS, and the NetworkPolicy lets them reach those addresses alone."""
+    names: dict[str, list[str]] = {}
+    for target in targets:
+        host = target.host
+        if host is None:
+            continue
+        for cidr in target.cidrs:
+            address = str(ipaddress.ip_network(cidr).network_address)
+            if host not in names.setdefault(address, []):
+                names[address].append(host)
+    return [{"ip": address, "hostnames": hostnames} for address, hostnames in names.items()]
 
 
 def episode_pod_spec(
@@ -3060,9 +3337,11 @@ def episode_pod_spec(
     tasks: dict | None,
     episode_timeout: int | None = None,
     launch: Launch | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
     """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
-    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
+    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started; each
+    host --allow-egress names pinned to its addresses."""
     volumes = [
         {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
         {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
@@ -3070,8 +3349,10 @@ def episode_pod_spec(
     if tasks:
         volumes.append(tasks)
     deadline = {} if episode_timeout is None else {"activeDeadlineSeconds": episode_timeout}
+    aliases = host_aliases(pod.egress)
     return {
         **deadline,
+        **({"hostAliases": aliases} if aliases else {}),
         "runtimeClassName": runtime,
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -3081,7 +3362,7 @@ def episode_pod_spec(
             "fsGroup": 1000,
             "runAsNonRoot": True,
         },
-        "containers": [episode_container(image, harden, indexed, tasks, launch)],
+        "containers": [episode_container(image, harden, indexed, tasks, launch, pod)],
         "volumes": volumes,
     }
 
@@ -3102,6 +3383,8 @@ def job_manifest(
     batch: str | None = None,
     episode_indexes: Sequence[int] | None = None,
     launch: Launch | None = None,
+    deadline_parts: str | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
@@ -3110,7 +3393,8 @@ def job_manifest(
     (backoffLimitPerIndex), a number of failed episodes the Job tolerates
     (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was; its
     `need` ends the Job once that many episodes succeeded (successPolicy), the rest
-    stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
+    stopped. `episode_timeout` is each pod's activeDeadlineSeconds, `deadline_parts` what it is
+    made of (DEADLINE_ANNOTATION). `pod`: each pod's resources, environment and pinned hosts.
 
     `launch`: a rollout's pods run their episode through EPISODE_LAUNCHER, which records the
     episode's own failure and ends the pod 0, so that only a failure of the infrastructure fails a
@@ -3127,9 +3411,11 @@ def job_manifest(
         "backoffLimit": 0,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
-            "metadata": episode_pod_metadata(batch, episode_indexes, launch is not None),
+            "metadata": episode_pod_metadata(
+                batch, episode_indexes, launch is not None, deadline_parts
+            ),
             "spec": episode_pod_spec(
-                image, runtime, harden, indexed_mode, tasks, episode_timeout, launch
+                image, runtime, harden, indexed_mode, tasks, episode_timeout, launch, pod
             ),
         },
     }
@@ -3139,19 +3425,29 @@ def job_manifest(
         # The Job-wide limit would end the batch at its first failure; each episode has its own.
         del spec["backoffLimit"]
         spec.update(rollout_policy_spec(policy))
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if episode_indexes is not None:
-        # The API server copies the template's labels onto a Job only when the Job has none: one
-        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
-        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
+    metadata = job_metadata(namespace, name, batch if episode_indexes is not None else None)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
+def job_metadata(namespace: str, name: str, batch: str | None) -> dict[str, Any]:
+    """A Job's name and namespace; one of batch `batch`'s several Jobs, labelled with it."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if batch is not None:
+        # The API server copies the template's labels onto a Job only when the Job has none: one
+        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
+        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
+    return metadata
+
+
 def episode_pod_metadata(
-    batch: str | None, episode_indexes: Sequence[int] | None, launched: bool = False
+    batch: str | None,
+    episode_indexes: Sequence[int] | None,
+    launched: bool = False,
+    deadline_parts: str | None = None,
 ) -> dict:
     """The labels of every episode's pod; in one of a batch's several Jobs, its batch and the run's
-    episode indexes too; under the launcher, that its episode's own end is recorded in its log."""
+    episode indexes too; under the launcher, that its episode's own end is recorded in its log;
+    with a deadline, what it is made of."""
     metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
     annotations = {}
     if episode_indexes is not None:
@@ -3159,6 +3455,8 @@ def episode_pod_metadata(
         annotations[EPISODE_INDEXES_ANNOTATION] = index_ranges(episode_indexes)
     if launched:
         annotations[EPISODE_EXIT_ANNOTATION] = EPISODE_EXIT_RECORDED
+    if deadline_parts is not None:
+        annotations[DEADLINE_ANNOTATION] = deadline_parts
     if annotations:
         metadata["annotations"] = annotations
     return metadata
@@ -3836,6 +4134,214 @@ def admission_figures(jobs: Sequence[dict], workloads: Sequence[dict]) -> dict[s
         "sources": dict(ADMISSION_SOURCES),
         "jobs": per_job,
     }
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/podspec.py: What every episode's pod is given beside its program (--cpu, --memory, --env, --env-from-secret,
+
+# The environment the tool sets itself: --env may not replace it (nor may a Secret's keys: the
+# kubelet lets `env` win over `envFrom`).
+RESERVED_ENV = (
+    "EPISODE_ID",
+    "EPISODE_INDEX",
+    "EPISODE_INDEXES",
+    TASK_FILE_ENV,
+    EPISODE_TIMEOUT_ENV,
+)
+
+# An environment variable's name as every supported API server takes it (1.34 relaxed the rule).
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+
+# A Secret's name (a DNS subdomain) and a namespace's (a DNS label).
+SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+HOST_NAME = re.compile(
+    r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*\.?"
+)
+
+# A quantity as the API server writes one: a number and a suffix (decimal SI, binary, or exponent).
+QUANTITY = re.compile(r"(\d+(\.\d*)?|\.\d+)([kMGTPE]|[KMGTPE]i|m|[eE][+-]?\d+)?")
+
+# A Secret copied into the run's namespace names its source here ("NAMESPACE/NAME").
+COPIED_FROM_ANNOTATION = ANNOTATION_PREFIX + "copied-from"
+
+EGRESS_POLICY = "allow-egress"
+
+
+def quantity(text: str, resource: str) -> str:
+    """One CPU or memory quantity, positive and as the API server takes it; ValueError says why."""
+    if not QUANTITY.fullmatch(text):
+        example = "500m or 2" if resource == "cpu" else "256Mi or 1Gi"
+        raise ValueError(f"{text!r} is not a quantity (e.g. {example})")
+    if resource == "memory" and text.endswith("m"):
+        # 128m is 0.128 bytes to Kubernetes: no container starts with it.
+        raise ValueError(
+            f"{text!r} is {text[:-1]} thousandths of a byte; did you mean {text[:-1]}Mi?"
+        )
+    if resource == "cpu" and text.endswith("i"):
+        raise ValueError(f"{text!r}: CPU is counted in cores (e.g. 2) or millicores (500m)")
+    if not parse_quantity(text):
+        raise ValueError(f"{text!r} must be more than 0")
+    return text
+
+
+def resource_pair(text: str, resource: str) -> tuple[str, str]:
+    """--cpu/--memory: Q (request and limit both Q), or REQUEST:LIMIT; ValueError says why."""
+    request, split, limit = text.partition(":")
+    request, limit = quantity(request, resource), quantity(limit if split else request, resource)
+    if (parse_quantity(request) or 0) > (parse_quantity(limit) or 0):
+        raise ValueError(f"the request {request} is over the limit {limit}")
+    return request, limit
+
+
+def env_pairs(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """--env KEY=VALUE, each KEY once and none the tool sets itself; ValueError says why."""
+    pairs: dict[str, str] = {}
+    for text in texts:
+        key, split, value = text.partition("=")
+        if not split:
+            raise ValueError(f"{text!r} is not KEY=VALUE")
+        if not ENV_NAME.fullmatch(key):
+            raise ValueError(
+                f"{key!r} is not an environment variable's name ([-._a-zA-Z][-._a-zA-Z0-9]*)"
+            )
+        if key in RESERVED_ENV:
+            raise ValueError(f"{key} is set by the tool for every episode")
+        if key in pairs:
+            raise ValueError(f"{key} is given twice")
+        pairs[key] = value
+    return tuple(pairs.items())
+
+
+def secret_sources(texts: Iterable[str]) -> tuple[SecretSource, ...]:
+    """--env-from-secret [NAMESPACE/]NAME, each name once (its copy in the run's namespace keeps it)."""
+    sources: dict[str, SecretSource] = {}
+    for text in texts:
+        namespace, split, name = text.rpartition("/")
+        if not SECRET_NAME.fullmatch(name) or len(name) > 253:
+            raise ValueError(f"{name!r} is not a Secret's name")
+        if split and (not NAMESPACE_NAME.fullmatch(namespace) or len(namespace) > 63):
+            raise ValueError(f"{namespace!r} is not a namespace's name")
+        if name in sources:
+            raise ValueError(
+                f"two Secrets named {name}: their copies would share the run's namespace"
+            )
+        sources[name] = SecretSource(name, namespace or None)
+    return tuple(sources.values())
+
+
+def egress_target(text: str) -> EgressTarget:
+    """--allow-egress CIDR (every port), IP:PORT or HOST:PORT (TCP; a HOST resolved later, by
+    resolve_egress); ValueError says why."""
+    if "/" in text:
+        try:
+            return EgressTarget(text, (str(ipaddress.ip_network(text, strict=False)),))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a CIDR (e.g. 10.0.0.0/8)") from None
+    host, split, port = text.rpartition(":")
+    if not split or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is neither HOST:PORT (e.g. api.example.com:443) nor a CIDR")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if not HOST_NAME.fullmatch(host):
+            raise ValueError(f"{host!r} is not a host name or an IP address") from None
+        return EgressTarget(text, (), int(port), host.rstrip("."))
+    return EgressTarget(text, (str(ipaddress.ip_network(address)),), int(port))
+
+
+def episode_pod(request: RunRequest) -> EpisodePod:
+    """The request's pod settings, checked (a HOST of --allow-egress not yet resolved); UsageError
+    names the setting as the caller wrote it."""
+    parts: dict[str, Any] = {}
+    for name in ("cpu", "memory"):
+        given = getattr(request, name)
+        try:
+            if given is not None:
+                parts[name] = resource_pair(given, name)
+        except ValueError as error:
+            raise UsageError(f"{request.spelling.setting(name, given)}: {error}") from None
+    for name, dest, read in (
+        ("env", "env", env_pairs),
+        ("secrets", "env_from_secret", secret_sources),
+        ("egress", "allow_egress", lambda texts: tuple(map(egress_target, texts))),
+    ):
+        try:
+            parts[name] = read(getattr(request, dest))
+        except ValueError as error:
+            raise UsageError(f"{request.spelling.name(dest)}: {error}") from None
+    if parts["egress"] and not request.harden:
+        raise UsageError(
+            f"{request.spelling.name('allow_egress')} needs {request.spelling.switch('harden')}: "
+            f"without it nothing is denied, so there is nothing to allow"
+        )
+    return EpisodePod(**parts)
+
+
+Resolver = Callable[..., Sequence[Any]]
+
+
+def resolve_egress(
+    pod: EpisodePod, spelling: Spelling = COMMAND_LINE, resolver: Resolver = socket.getaddrinfo
+) -> EpisodePod:
+    """Each HOST of --allow-egress as its addresses now, from this machine (a NetworkPolicy holds
+    addresses, never names); DemoError names a host that does not resolve."""
+    targets = []
+    for target in pod.egress:
+        if target.host is None or target.cidrs:
+            targets.append(target)
+            continue
+        try:
+            found = resolver(target.host, target.port, type=socket.SOCK_STREAM)
+        except OSError as error:
+            raise DemoError(
+                f"{spelling.setting('allow_egress', target.given)}: cannot resolve {target.host} from this machine "
+                f"({error}); give its addresses as a CIDR instead"
+            ) from None
+        addresses = sorted({str(ipaddress.ip_network(entry[4][0])) for entry in found})
+        targets.append(target._replace(cidrs=tuple(addresses)))
+    return pod._replace(egress=tuple(targets))
+
+
+def egress_policy_manifest(namespace: str, targets: Sequence[EgressTarget]) -> dict:
+    """Besides --harden's deny-all, the only egress the episodes' pods have: each target's
+    addresses, on its TCP port (a CIDR's: every port). NetworkPolicies add up: what one allows, the
+    deny-all does not take back."""
+    rules = []
+    for target in targets:
+        rule: dict[str, Any] = {"to": [{"ipBlock": {"cidr": cidr}} for cidr in target.cidrs]}
+        if target.port is not None:
+            rule["ports"] = [{"protocol": "TCP", "port": target.port}]
+        rules.append(rule)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": EGRESS_POLICY, "namespace": namespace},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": rules},
+    }
+
+
+def secret_copy_manifest(namespace: str, source: SecretSource, found: dict | None = None) -> dict:
+    """The copy of a --env-from-secret Secret in the run's namespace: its data only once read
+    (`found`, the Secret as the API server holds it), so a plan printed or saved never holds it."""
+    where = f"{source.namespace}/{source.name}" if source.namespace else source.name
+    if found is not None:
+        where = f"{found['metadata'].get('namespace')}/{source.name}"
+    manifest: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": source.name,
+            "namespace": namespace,
+            "annotations": {COPIED_FROM_ANNOTATION: where},
+        },
+        "type": "Opaque",
+    }
+    if found is not None:
+        manifest["data"] = dict(found.get("data") or {})
+    return manifest
 
 
 # --------------------------------------------------------------------------
@@ -5261,12 +5767,20 @@ def classify_attempt(
 
 
 def job_cut_short(job: dict | None) -> bool:
-    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    """The Job's successPolicy (--need) was met, or the tool stopped it once --need-groups was:
+    every episode still running is stopped."""
+    if cancelled_by_tool(job or {}):
+        return True
     for kind in ("SuccessCriteriaMet", "Complete"):
         entry = condition(job or {}, kind)
         if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
             return True
     return False
+
+
+def cut_short_by(job: dict | None) -> str:
+    """What cut the batch short (job_cut_short): the flag, as a cancelled episode's line names it."""
+    return "--need-groups" if cancelled_by_tool(job or {}) else "--need"
 
 
 def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
@@ -5399,7 +5913,7 @@ def succeeded_pod(
             # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
             return (
                 CANCELLED,
-                f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                f"cancelled: {cut_short_by(job)} was met while it ran (it exited 0 before a complete "
                 f"reward: {str(error).split(': ', 1)[-1]})",
             )
         end = job_end_reason(job)
@@ -5425,9 +5939,9 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
         # Stopped (or about to be) by the Job because enough episodes had succeeded.
         return (
             CANCELLED,
-            "cancelled: --need was met while it ran"
+            f"cancelled: {cut_short_by(job)} was met while it ran"
             if started
-            else "cancelled: --need was met before its container started",
+            else f"cancelled: {cut_short_by(job)} was met before its container started",
         )
     if status.get("reason") == POD_DEADLINE_REASON:
         return past_pod_deadline(pod, started)
@@ -5446,26 +5960,33 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
 
 def past_pod_deadline(pod: dict, started: bool) -> tuple[str | None, str | None]:
     """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started,
-    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop)."""
+    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop). The
+    message names what the deadline was made of, as the run was given it (DEADLINE_ANNOTATION)."""
     limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    parts = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEADLINE_ANNOTATION)
+    # A pod of a run that did not record them: its activeDeadlineSeconds alone.
+    made_of = parts or "its pod's activeDeadlineSeconds"
     if started and exit_recorded(pod):
+        if "--episode-timeout" in made_of:
+            why = (
+                f"not by its launcher at the episode's own --episode-timeout: a slow start "
+                f"(image {container_image(pod)})"
+            )
+        else:
+            why = "the episode still running then"
         return "infrastructure", (
             f"stopped at its pod's deadline of {limit} s from its start on the node "
-            f"(--pull-timeout, and --episode-timeout plus {EPISODE_TIMEOUT_SLACK_SECONDS} s to "
-            f"start, as given), not by its launcher at the episode's own --episode-timeout: a "
-            f"slow start (image {container_image(pod)}), or without --episode-timeout an "
-            f"episode still running then"
+            f"({made_of}), {why}"
         )
     if started:
         return (
             "episode",
             f"ran out of time: still running {limit} s after its pod started (its deadline: "
-            f"--episode-timeout, plus --pull-timeout, as given)",
+            f"{made_of})",
         )
     return "infrastructure", (
         f"container never started within its pod's deadline of {limit} s from its "
-        f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
-        f"not pulled and started by then"
+        f"start ({made_of}): image {container_image(pod)} not pulled and started by then"
     )
 
 
@@ -5645,7 +6166,7 @@ def episode_row(
         row["image"] = images[group] if group < len(images) else None
     row["group"] = group
     if not attempts:
-        row.update(never_created(job))
+        row.update(never_created(job, index))
         return row
     outcomes = [
         (
@@ -5665,11 +6186,32 @@ def episode_row(
     return row
 
 
-def never_created(job: dict) -> dict[str, Any]:
-    """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
+def never_created(job: dict, index: int | None = None) -> dict[str, Any]:
+    """The outcome of an episode with no pod to read: cancelled, or stopped by the Job's end; or,
+    when the Job counts its index as done, a pod that is gone (deleted before its outcome was
+    read: a client that was not following, a suspension): what it did cannot be verified."""
+    counted = next(
+        (
+            word
+            for field, word in (("completedIndexes", "succeeded"), ("failedIndexes", "failed"))
+            if index is not None and index in run_wide_indexes(job, field)
+        ),
+        None,
+    )
+    if counted is not None:
+        return {
+            "pod": None,
+            "attempts": None,
+            "reward": None,
+            "failure_class": "infrastructure",
+            "valid": False,
+            "failure": f"cannot verify: the Job counts this episode {counted}, but its pod is "
+            f"gone (deleted before its outcome was read), its log and reward with it",
+            "evidence": "job.json",
+        }
     if job_cut_short(job):
         failure_class = CANCELLED
-        failure = "cancelled: --need was met before this episode's pod was created"
+        failure = f"cancelled: {cut_short_by(job)} was met before this episode's pod was created"
     else:
         failure_class = "infrastructure"
         failure = (
@@ -5749,6 +6291,8 @@ def failure_settled(job: dict | None, index: int) -> bool:
     """The Job will not run this index again: it counts it among its failed indexes, or it has
     ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
     status = (job or {}).get("status") or {}
+    if cancelled_by_tool(job or {}):  # stopped by the tool (--need-groups): nothing more will run
+        return True
     if any(
         condition_true(job or {}, kind)
         for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
@@ -5905,8 +6449,9 @@ def attempt_figures(rows: Sequence[dict]) -> dict:
     ]
     final = [row["failure_class"] for row in rows]
     return {
-        "attempts_total": sum(row["attempts"] for row in rows),
-        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
+        # An episode whose pod is gone (never_created) has attempts unknown: None, not counted.
+        "attempts_total": sum(row["attempts"] or 0 for row in rows),
+        "episodes_retried": sum(1 for row in rows if (row["attempts"] or 0) > 1),
         "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
         "final": {
             "succeeded": final.count(None),
@@ -8214,6 +8759,687 @@ def plural(number: Any, noun: str) -> str:
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/metrics.py: metrics.prom: a run's figures in the OpenMetrics text format, and the push to a Pushgateway.
+
+METRICS_FILE = "metrics.prom"
+PREFIX = "rl_batch_demo"
+# From 5 ms to 10 min: a phase's seconds span a sub-second scheduling and a long image pull.
+PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# An episode's class: its failure_class in rewards.jsonl, "ok" for none.
+EPISODE_CLASSES = ("ok", "infrastructure", "episode", "verifier", "cancelled")
+QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"), ("1", "max"))
+PUSH_TIMEOUT_SECONDS = 10.0
+
+
+def label_value(value: Any) -> str:
+    """A label value as both text formats escape it: backslash, double quote and newline."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def number(value: float) -> str:
+    """A sample value: integers without a fraction, +Inf spelled as both formats spell it."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def labelled(name: str, labels: Mapping[str, Any], value: float) -> str:
+    inside = ",".join(f'{key}="{label_value(val)}"' for key, val in labels.items())
+    return f"{name}{{{inside}}} {number(value)}"
+
+
+def family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+
+
+def histogram(name: str, labels: Mapping[str, Any], values: Sequence[float]) -> list[str]:
+    """One histogram's buckets (cumulative, +Inf last), count and sum."""
+    lines = [
+        labelled(f"{name}_bucket", {**labels, "le": number(bound)}, sum(v <= bound for v in values))
+        for bound in PHASE_BUCKETS
+    ]
+    lines.append(labelled(f"{name}_bucket", {**labels, "le": "+Inf"}, len(values)))
+    lines.append(labelled(f"{name}_count", labels, len(values)))
+    lines.append(labelled(f"{name}_sum", labels, round(sum(values), 6)))
+    return lines
+
+
+def summary_lines(name: str, labels: Mapping[str, Any], values: Sequence[float]) -> list[str]:
+    """A summary: the quantiles results.json gives (interpolated as its percentiles are), count, sum."""
+    described = describe(values)
+    lines = [
+        labelled(name, {**labels, "quantile": quantile}, described[key])
+        for quantile, key in QUANTILES
+        if key in described
+    ]
+    lines.append(labelled(f"{name}_count", labels, len(values)))
+    lines.append(labelled(f"{name}_sum", labels, round(sum(values), 6)))
+    return lines
+
+
+def episode_classes(batches: Sequence[tuple[str, BatchSummary]]) -> dict[str, int]:
+    """How many episodes of the measured batches ended in each class."""
+    counts = dict.fromkeys(EPISODE_CLASSES, 0)
+    for _, summary in batches:
+        counts["ok"] += len(summary.episodes)
+        for record in summary.failed:
+            kind = record.get("failure_class") or "ok"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def phase_values(batches: Sequence[tuple[str, BatchSummary]]) -> dict[str, list[float]]:
+    """Each phase's seconds over every episode that has it (failed ones as far as they got)."""
+    values: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for _, summary in batches:
+        for record in [*summary.episodes, *summary.failed]:
+            for phase, measured in (record.get("phases") or {}).items():
+                if measured is not None:
+                    values.setdefault(phase, []).append(measured[0])
+    return values
+
+
+def figure_gauges(figures: Mapping[str, Any], run: Mapping[str, str]) -> list[str]:
+    """The batch-wide figures of results.json that have a value, one gauge each."""
+    lines: list[str] = []
+    for key, help_text in (
+        ("batch_to_all_ready_seconds", "Job created to the last episode ready (the guide's)."),
+        ("batch_to_all_rewards_seconds", "Job created to the last reward (the guide's)."),
+        ("client_job_complete_seconds", "Submission to the client seeing the Job end."),
+        ("reward_mean", "Mean reward over the run's episodes (results.json's reward_mean)."),
+    ):
+        if figures.get(key) is not None:
+            name = f"{PREFIX}_{key}"
+            lines += family(name, "gauge", help_text, [labelled(name, run, figures[key])])
+    return lines
+
+
+def metrics_text(
+    figures: Mapping[str, Any], batches: Sequence[tuple[str, BatchSummary]], run_id: str
+) -> str:
+    """metrics.prom from what results.json is made of: its figures and its measured batches."""
+    run = {"run_id": run_id}
+    info = {
+        **run,
+        "image": figures.get("image") or "",
+        "runtime_class": figures.get("runtime") or "",
+        "namespace": figures.get("namespace") or "",
+        "context": figures.get("context") or "",
+        "version": __version__,
+    }
+    lines = family(
+        f"{PREFIX}_run_info",
+        "gauge",
+        "The run: its id, image, runtime class, namespace, context and the tool's version.",
+        [labelled(f"{PREFIX}_run_info", info, 1)],
+    )
+    classes = episode_classes(batches)
+    lines += family(
+        f"{PREFIX}_episodes",
+        "gauge",
+        "Episodes of the run by class (rewards.jsonl's failure_class; ok for none).",
+        [labelled(f"{PREFIX}_episodes", {**run, "class": k}, n) for k, n in classes.items()],
+    )
+    phase_lines = [
+        line
+        for phase, values in phase_values(batches).items()
+        for line in histogram(f"{PREFIX}_phase_seconds", {**run, "phase": phase}, values)
+    ]
+    lines += family(
+        f"{PREFIX}_phase_seconds",
+        "histogram",
+        "Each episode's phases (docs/measurement.md), seconds, from their sharpest points.",
+        phase_lines,
+    )
+    lines += family(
+        f"{PREFIX}_pod_to_ready_seconds",
+        "gauge",
+        "Pod created to episode ready: results.json's pod_to_ready_<statistic>_seconds, the "
+        "guide's figure (a rollout's failed episodes counted at the deadline).",
+        [
+            labelled(f"{PREFIX}_pod_to_ready_seconds", {**run, "statistic": key}, figures[name])
+            for key in ("p50", "p95", "max")
+            if figures.get(name := f"pod_to_ready_{key}_seconds") is not None
+        ],
+    )
+    rewards = [row["reward"] for row in figures.get("pods") or () if row.get("reward") is not None]
+    lines += family(
+        f"{PREFIX}_reward",
+        "summary",
+        "The rewards of the run's episodes that produced one.",
+        summary_lines(f"{PREFIX}_reward", run, rewards),
+    )
+    lines += figure_gauges(figures, run)
+    return "\n".join([*lines, "# EOF", ""])
+
+
+def redacted(url: str) -> str:
+    """A URL fit to print and save: no user or password, no query."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def push_url(gateway: str, run_id: str) -> str:
+    """The Pushgateway's URL for this run's group: job rl_batch_demo, run_id the run's."""
+    return (
+        f"{gateway.rstrip('/')}/metrics/job/{PREFIX}/run_id/{urllib.parse.quote(run_id, safe='')}"
+    )
+
+
+def push_metrics(gateway: str, run_id: str, text: str) -> str | None:
+    """PUT the run's metrics to a Pushgateway, replacing its group; what went wrong, or None."""
+    request = urllib.request.Request(
+        push_url(gateway, run_id),
+        data=text.encode("utf-8"),
+        method="PUT",
+        # The classic text format, which the Pushgateway parses; `# EOF` is a comment to it.
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=PUSH_TIMEOUT_SECONDS) as response:
+            response.read()
+    except urllib.error.HTTPError as error:
+        body = error.read().decode("utf-8", "replace").strip()[:300]
+        return f"the Pushgateway answered {error.code} {error.reason}: {body}"
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return f"cannot reach the Pushgateway at {redacted(gateway)}: {error}"
+    return None
+
+
+def write_metrics(
+    output: str,
+    figures: Mapping[str, Any],
+    batches: Sequence[tuple[str, BatchSummary]],
+    run_id: str,
+) -> None:
+    """metrics.prom in the run's directory, beside results.json and made of the same; left as it
+    is when it says that already (`report` of a run that wrote it)."""
+    path, text = os.path.join(output, METRICS_FILE), metrics_text(figures, batches, run_id)
+    if not os.path.exists(path) or read_text(path) != text:
+        write_text(path, text)
+
+
+def push_saved_metrics(output: str, gateway: str, run_id: str) -> bool:
+    """--pushgateway: the run's metrics.prom pushed; a failure is a warning, never the run's."""
+    problem = push_metrics(gateway, run_id, read_text(os.path.join(output, METRICS_FILE)))
+    if problem is not None:
+        print(f"Warning: metrics not pushed: {problem}", file=sys.stderr)
+    return problem is None
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/telemetry.py: OpenTelemetry traces of a run over OTLP/HTTP with JSON encoding: standard library only.
+
+SERVICE_NAME = "rl_batch_demo"
+TRACES_PATH = "/v1/traces"
+# OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default: spans a request, so that one request stays small.
+MAX_SPANS_PER_REQUEST = 512
+# Each request: this many attempts at most, waiting between them as the server's Retry-After
+# says (capped), else doubling from RETRY_FIRST_SECONDS.
+MAX_ATTEMPTS = 5
+RETRY_FIRST_SECONDS = 0.5
+RETRY_AFTER_CAP_SECONDS = 30.0
+OTLP_REQUEST_TIMEOUT_SECONDS = 10.0
+# How long the end of the run waits for what is still queued before it counts it not exported.
+CLOSE_WAIT_SECONDS = 60.0
+RETRIED_STATUSES = (429, 502, 503, 504)
+# Phases that are sums of others: the episode's own span already covers them.
+SUMMED_PHASES = ("pod_to_ready", "pod_to_reward")
+STATUS_ERROR = 2
+SPAN_KIND_INTERNAL = 1
+
+
+class OtlpConfig(NamedTuple):
+    """Where spans go and what they say of their source; `headers` are secrets."""
+
+    url: str  # the traces URL
+    headers: dict[str, str]
+    resource: dict[str, str]
+
+
+def key_values(text: str | None) -> dict[str, str]:
+    """`k1=v1,k2=v2` with URL-encoded values, as the OTEL_* variables write them; a pair
+    without `=` is skipped."""
+    pairs: dict[str, str] = {}
+    for item in (text or "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            pairs[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
+    return pairs
+
+
+def traces_url(base: str) -> str:
+    """A base endpoint with /v1/traces added, unless it names it already."""
+    base = base.rstrip("/")
+    return base if base.endswith(TRACES_PATH) else base + TRACES_PATH
+
+
+def otlp_config(endpoint: str | None, environ: Mapping[str, str]) -> OtlpConfig | None:
+    """The export's settings from the flag and the standard variables; None for no export."""
+    if endpoint:
+        url = traces_url(endpoint)
+    elif environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        url = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        url = traces_url(environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    else:
+        return None
+    headers = key_values(environ.get("OTEL_EXPORTER_OTLP_HEADERS"))
+    headers.update(key_values(environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")))
+    resource = key_values(environ.get("OTEL_RESOURCE_ATTRIBUTES"))
+    resource["service.name"] = (
+        environ.get("OTEL_SERVICE_NAME") or resource.get("service.name") or SERVICE_NAME
+    )
+    resource.setdefault("service.version", __version__)
+    return OtlpConfig(url, headers, resource)
+
+
+def nanos(at: float) -> str:
+    """Unix nanoseconds of a point, at the microsecond episodes.csv writes it (`%.6f`)."""
+    return str(int(f"{at:.6f}".replace(".", "")) * 1000)
+
+
+def attribute(key: str, value: Any) -> dict:
+    """One OTLP attribute; bool before int, since a bool is an int to Python."""
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    if isinstance(value, float) and math.isfinite(value):
+        return {"key": key, "value": {"doubleValue": value}}
+    return {"key": key, "value": {"stringValue": str(value)}}
+
+
+def attributes(pairs: Mapping[str, Any]) -> list[dict]:
+    return [attribute(key, value) for key, value in pairs.items() if value is not None]
+
+
+def new_id(size: int) -> str:
+    return os.urandom(size).hex()
+
+
+def span(
+    trace_id: str,
+    parent: str | None,
+    name: str,
+    start: float,
+    end: float,
+    pairs: Mapping[str, Any],
+    error: str | None = None,
+) -> dict:
+    """One span in OTLP JSON (ids as hex, times as decimal strings of nanoseconds)."""
+    made = {
+        "traceId": trace_id,
+        "spanId": new_id(8),
+        "name": name,
+        "kind": SPAN_KIND_INTERNAL,
+        "startTimeUnixNano": nanos(start),
+        "endTimeUnixNano": nanos(max(start, end)),
+        "attributes": attributes(pairs),
+    }
+    if parent is not None:
+        made["parentSpanId"] = parent
+    if error is not None:
+        made["status"] = {"code": STATUS_ERROR, "message": error}
+    return made
+
+
+def point_attributes(points: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """Each known point's time (Unix seconds), precision and source."""
+    pairs: dict[str, Any] = {}
+    for name in names:
+        point = points.get(name)
+        if point is not None:
+            pairs[f"point.{name}.at"] = round(point[0], 6)
+            pairs[f"point.{name}.precision_seconds"] = float(f"{point[1]:.6g}")  # as the CSV
+            pairs[f"point.{name}.source"] = getattr(point, "source", None)
+    return pairs
+
+
+def known_points(points: Mapping[str, Any]) -> list[float]:
+    return [points[name][0] for name in POINTS if points.get(name) is not None]
+
+
+def episode_spans(
+    trace_id: str, parent: str, record: Mapping[str, Any], batch_start: float
+) -> list[dict]:
+    """An episode's span and its phases' spans; a failed episode's span is an error with its
+    failure (one whose pod never existed has no points: a moment at its batch's start)."""
+    points = record.get("points") or {}
+    times = known_points(points)
+    start, end = (min(times), max(times)) if times else (batch_start, batch_start)
+    failure = record.get("failure")
+    pairs = {
+        "episode.index": None if record.get("index") is None else int(record["index"]),
+        "episode.task": record.get("task_id"),
+        "container.image.name": record.get("image"),
+        "k8s.node.name": record.get("node"),
+        "k8s.pod.name": record.get("pod"),
+        "episode.class": record.get("failure_class") or "ok",
+        "episode.valid": record.get("valid") is not False,
+        "episode.reward": None if record.get("reward") is None else float(record["reward"]),
+        **point_attributes(points, POINTS),
+    }
+    if failure is not None:
+        pairs["error.type"] = record.get("failure_class") or "failure"
+    name = (
+        f"episode {record.get('index') if record.get('index') is not None else record.get('pod')}"
+    )
+    episode = span(trace_id, parent, name, start, end, pairs, failure)
+    spans = [episode]
+    for phase, (first, last) in PHASES.items():
+        measured = (record.get("phases") or {}).get(phase)
+        if phase in SUMMED_PHASES or measured is None:
+            continue
+        if points.get(first) is None or points.get(last) is None:
+            continue
+        phase_pairs = {
+            "phase.seconds": float(measured[0]),
+            "phase.precision_seconds": float(f"{measured[1]:.6g}"),
+            **point_attributes(points, (first, last)),
+        }
+        spans.append(
+            span(trace_id, episode["spanId"], phase, points[first][0], points[last][0], phase_pairs)
+        )
+    return spans
+
+
+def episode_records(summary: BatchSummary) -> list[dict]:
+    """The batch's episodes, each with what its row of episodes.csv says beside its points."""
+    rows = {row["pod"]: row for row in summary.figures.get("pods") or ()}
+    records = []
+    for record in summary.episodes:
+        row = rows.get(record["pod"], {})
+        records.append({**row, **record, "reward": row.get("reward"), "node": row.get("node")})
+    return records + list(summary.failed)
+
+
+def batch_spans(
+    trace_id: str, parent: str, job: str, summary: BatchSummary, measured: bool
+) -> list[dict]:
+    """A batch's span (its Job's creation to its last episode's last point) and its episodes'."""
+    created = summary.figures.get("job_created") or {}
+    start = created.get("at", summary.job_created)
+    records = episode_records(summary)
+    ends = [at for record in records for at in known_points(record.get("points") or {})]
+    batch = span(
+        trace_id,
+        parent,
+        f"batch {job}",
+        start,
+        max([start, *ends]),
+        {
+            "k8s.job.name": job,
+            "batch.measured": measured,
+            "batch.episodes": len(records),
+            "batch.failed_episodes": len(summary.failed),
+            "point.job_created.precision_seconds": created.get("precision"),
+        },
+    )
+    return [batch] + [
+        s for r in records for s in episode_spans(trace_id, batch["spanId"], r, start)
+    ]
+
+
+def resource_spans(config: OtlpConfig, spans: Sequence[dict]) -> dict:
+    """The body of one export request."""
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": attributes(config.resource)},
+                "scopeSpans": [
+                    {"scope": {"name": SERVICE_NAME, "version": __version__}, "spans": list(spans)}
+                ],
+            }
+        ]
+    }
+
+
+def retry_after(value: str | None, attempt: int) -> float:
+    """How long to wait before the next attempt: the server's Retry-After (seconds or an HTTP
+    date), capped; else exponential backoff."""
+    if value:
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (TypeError, ValueError):
+                seconds = RETRY_FIRST_SECONDS * 2**attempt
+        return min(max(0.0, seconds), RETRY_AFTER_CAP_SECONDS)
+    return RETRY_FIRST_SECONDS * 2**attempt
+
+
+class Response(NamedTuple):
+    status: int  # 0: no answer
+    retry_after: str | None
+    body: str
+
+
+def post(url: str, headers: Mapping[str, str], body: bytes) -> Response:
+    """POST one request; an HTTP error is a Response, no answer is status 0."""
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={**headers, "Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=OTLP_REQUEST_TIMEOUT_SECONDS) as answer:
+            return Response(answer.status, None, answer.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as error:
+        text = error.read().decode("utf-8", "replace")
+        return Response(error.code, error.headers.get("Retry-After"), text)
+    except (urllib.error.URLError, OSError, ValueError) as error:  # ValueError: a bad URL
+        reason = getattr(error, "reason", error)
+        return Response(0, None, str(reason))
+
+
+class ExportRecord:
+    """What was exported and what was not, and why: results.json's `telemetry`."""
+
+    def __init__(self, url: str) -> None:
+        self.endpoint = redacted(url)
+        self.spans = 0
+        self.exported = 0
+        self.not_exported = 0
+        self.requests = 0
+        self.retries = 0
+        self.errors: list[str] = []
+
+    def saved(self) -> dict[str, Any]:
+        return {
+            "otlp_endpoint": self.endpoint,
+            "trace_id": None,
+            "spans": self.spans,
+            "exported_spans": self.exported,
+            "not_exported_spans": self.not_exported,
+            "requests": self.requests,
+            "retries": self.retries,
+            "errors": self.errors[:10],
+        }
+
+
+class SpanExporter:
+    """Spans sent from a thread of their own, at most MAX_SPANS_PER_REQUEST a request, each
+    request retried on 429/502/503/504 and on no answer, as Retry-After says. Once a request has
+    failed for good the exporter gives up: what comes after is counted, not sent, so a collector
+    gone away costs the run one request's retries, not one per batch."""
+
+    def __init__(
+        self,
+        config: OtlpConfig,
+        send: Callable[[str, Mapping[str, str], bytes], Response] = post,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config, self.send, self.sleep = config, send, sleep
+        self.record = ExportRecord(config.url)
+        self.given_up = False
+        self.queue: queue.Queue[list[dict] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self.work, name="otlp-exporter", daemon=True)
+        self.thread.start()
+
+    def submit(self, spans: list[dict]) -> None:
+        self.record.spans += len(spans)
+        for first in range(0, len(spans), MAX_SPANS_PER_REQUEST):
+            self.queue.put(spans[first : first + MAX_SPANS_PER_REQUEST])
+
+    def work(self) -> None:
+        while True:
+            spans = self.queue.get()
+            if spans is None:
+                return
+            if self.given_up:
+                self.record.not_exported += len(spans)
+            elif self.export(spans):
+                self.record.exported += len(spans)
+            else:
+                self.record.not_exported += len(spans)
+                self.given_up = True
+
+    def export(self, spans: list[dict]) -> bool:
+        """One request, retried; whether the collector took its spans (a partial success counts
+        the spans it rejected as not exported)."""
+        body = json.dumps(resource_spans(self.config, spans)).encode("utf-8")
+        for attempt in range(MAX_ATTEMPTS):
+            self.record.requests += 1
+            answer = self.send(self.config.url, self.config.headers, body)
+            if 200 <= answer.status < 300:
+                self.count_rejected(answer.body)
+                return True
+            retried = answer.status == 0 or answer.status in RETRIED_STATUSES
+            if not retried or attempt == MAX_ATTEMPTS - 1:
+                said = "no answer" if answer.status == 0 else f"HTTP {answer.status}"
+                self.record.errors.append(f"{said}: {answer.body.strip()[:200]}")
+                return False
+            self.record.retries += 1
+            self.sleep(retry_after(answer.retry_after, attempt))
+        return False
+
+    def count_rejected(self, body: str) -> None:
+        try:
+            partial = (json.loads(body or "{}") or {}).get("partialSuccess") or {}
+            rejected = int(partial.get("rejectedSpans") or 0)
+        except (ValueError, AttributeError, TypeError):
+            return
+        if rejected:
+            self.record.exported -= rejected
+            self.record.not_exported += rejected
+            self.record.errors.append(f"rejected {rejected}: {partial.get('errorMessage', '')}")
+
+    def close(self, wait: float = CLOSE_WAIT_SECONDS) -> ExportRecord:
+        """Wait (at most `wait` seconds) for what is queued; what is left is not exported."""
+        self.queue.put(None)
+        self.thread.join(wait)
+        if self.thread.is_alive():
+            self.given_up = True
+            left = self.record.spans - self.record.exported - self.record.not_exported
+            self.record.not_exported += left
+            self.record.errors.append(f"{left} spans still queued after {wait:.0f} s")
+        return self.record
+
+
+class RunTracer:
+    """One run's trace: its batches' spans handed to the exporter as each batch is summarised,
+    the run's root span at the end."""
+
+    def __init__(
+        self, config: OtlpConfig, run_id: str, exporter: SpanExporter | None = None
+    ) -> None:
+        self.trace_id = new_id(16)
+        self.root_id = new_id(8)
+        self.run_id = run_id
+        self.exporter = exporter or SpanExporter(config)
+        self.bounds: list[float] = []
+
+    def batch_done(self, job: str, summary: BatchSummary, measured: bool = True) -> None:
+        spans = batch_spans(self.trace_id, self.root_id, job, summary, measured)
+        self.bounds += [
+            int(spans[0][key]) / 1e9 for key in ("startTimeUnixNano", "endTimeUnixNano")
+        ]
+        self.exporter.submit(spans)
+
+    def finish(self, figures: Mapping[str, Any] | None, failure: str | None = None) -> dict:
+        """The root span sent, the exporter closed: what was exported, for results.json."""
+        now = time.time()
+        start, end = (min(self.bounds), max(self.bounds)) if self.bounds else (now, now)
+        figures = figures or {}
+        root = span(
+            self.trace_id,
+            None,
+            f"run {self.run_id}",
+            start,
+            end,
+            {
+                "run.id": self.run_id,
+                "k8s.namespace.name": figures.get("namespace"),
+                "container.image.name": figures.get("image"),
+                "k8s.runtime_class": figures.get("runtime"),
+                "run.episodes": figures.get("episodes"),
+                "run.successful_episodes": figures.get("successful_episodes"),
+            },
+            failure,
+        )
+        root["spanId"] = self.root_id
+        self.exporter.submit([root])
+        saved = self.exporter.close().saved()
+        saved["trace_id"] = self.trace_id
+        return saved
+
+
+def open_tracer(
+    endpoint: str | None, run_id: str, environ: Mapping[str, str] = os.environ
+) -> RunTracer | None:
+    """The run's tracer when an endpoint is set (flag or environment), else None."""
+    config = otlp_config(endpoint, environ)
+    return None if config is None else RunTracer(config, run_id)
+
+
+def say_export(saved: Mapping[str, Any], quiet: bool = False) -> None:
+    """A warning for what was not exported (whatever --quiet says); else a line, unless quiet."""
+    if saved["not_exported_spans"]:
+        reasons = "; ".join(saved["errors"][:3])
+        print(
+            f"Warning: traces: {saved['not_exported_spans']} of {saved['spans']} spans not "
+            f"exported to {saved['otlp_endpoint']} ({reasons}); the run's files hold them all",
+            file=sys.stderr,
+        )
+    elif not quiet:
+        print(
+            f"Traces: {saved['spans']} spans exported to {saved['otlp_endpoint']} "
+            f"(trace {saved['trace_id']})",
+            file=sys.stderr,
+        )
+
+
+def export_batches(
+    tracer: RunTracer, batches: Sequence[tuple[str, BatchSummary]], figures: Mapping[str, Any]
+) -> dict:
+    """A saved run's trace (`report DIR --otlp-endpoint`): every measured batch, then the root."""
+    for job, summary in batches:
+        tracer.batch_done(job, summary)
+    return tracer.finish(figures)
+
+
+def finish_trace(
+    tracer: RunTracer,
+    output: str,
+    figures: dict[str, Any] | None,
+    failure: BaseException | None,
+    quiet: bool,
+) -> None:
+    """The end of a run's trace: the root span (an error for a failed run) sent, what was not
+    exported said, and recorded as `telemetry` in results.json (and the figures) when there is one."""
+    saved = tracer.finish(figures, None if failure is None else str(failure).splitlines()[0])
+    say_export(saved, quiet)
+    if figures is None:
+        return
+    figures["telemetry"] = saved
+    path = os.path.join(output, RESULTS_FILE)
+    if os.path.exists(path):
+        write_json(path, dict(read_json(path, RESULTS_FILE), telemetry=saved))
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/runs.py: Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
 
 # What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
@@ -8253,6 +9479,7 @@ class ClusterRun(NamedTuple):
     jobs_planned: int | None = None  # None: a guide's run, or one of a version that did not say
     between_batches: bool = False  # running, with every Job there ended and more to come
     last_ended_at: float | None = None  # when its last ended Job ended (None: none has)
+    follower: dict | None = None  # the lease of the client that follows it (None: nobody)
     shared: bool = False  # in a namespace it shares (`--namespace`): its Jobs, not the namespace
     job_uids: tuple[tuple[str, str], ...] = ()  # a shared run's Jobs: (name, UID)
 
@@ -8404,6 +9631,7 @@ def cluster_run(namespace: dict, inside: Sequence[dict], shared: bool = False) -
         jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
         between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
         last_ended_at=max((at for at in ended if at is not None), default=None),
+        follower=follower_lease(annotations.get(FOLLOWER_ANNOTATION)),
         shared=shared,
         job_uids=tuple(
             (
@@ -8415,6 +9643,39 @@ def cluster_run(namespace: dict, inside: Sequence[dict], shared: bool = False) -
         if shared
         else (),
     )
+
+
+def follower_lease(text: str | None) -> dict | None:
+    """The follower lease's record (lease.lease_record), or None: none, or not one."""
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("host") else None
+
+
+def follower_record(run: ClusterRun, now: float) -> dict | None:
+    """Who follows the run, as `list -o json` prints it: host, PID, when the lease was last
+    renewed, and whether that is older than LEASE_STALE_PERIODS periods (its client looks gone)."""
+    lease = run.follower
+    if lease is None:
+        return None
+    renewed = parse_time(str(lease.get("renewTime") or ""))
+    period = lease.get("renewPeriodSeconds") or LEASE_RENEW_SECONDS
+    return {
+        "host": lease.get("host"),
+        "pid": lease.get("pid"),
+        "output": lease.get("output"),
+        "renewed": lease.get("renewTime"),
+        "stale": renewed is None or now - renewed >= LEASE_STALE_PERIODS * float(period),
+    }
+
+
+def follower_text(run: ClusterRun, now: float) -> str:
+    record = follower_record(run, now)
+    if record is None:
+        return "-"
+    return f"{record['host']}/{record['pid']}" + (" (stale)" if record["stale"] else "")
 
 
 def run_record(run: ClusterRun, now: float) -> dict:
@@ -8436,6 +9697,7 @@ def run_record(run: ClusterRun, now: float) -> dict:
         "jobs_planned": run.jobs_planned,
         "between_batches": run.between_batches,
         "last_job_ended": rfc3339(run.last_ended_at) if run.last_ended_at is not None else None,
+        "follower": follower_record(run, now),
         **({"shared_namespace": True} if run.shared else {}),
     }
 
@@ -8450,7 +9712,7 @@ def expiry_text(run: ClusterRun, now: float) -> str:
 
 def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
     """One line per run: namespace, state, age, episodes done of total, who and where from, expiry."""
-    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES")]
+    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES", "FOLLOWER")]
     for run in runs:
         where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
         rows.append(
@@ -8462,6 +9724,7 @@ def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
                 run.user or "-",
                 where,
                 expiry_text(run, now),
+                follower_text(run, now),
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
@@ -9034,6 +10297,8 @@ class Kubectl:
     argv is echoed, never what kubectl is given on stdin.
     """
 
+    api: ApiProxy | None = None  # a ProxiedKubectl's proxy (watches go through it too)
+
     def __init__(self, binary: str, context: str | None = None, verbose: bool = False) -> None:
         self.binary = binary
         self.context = context
@@ -9291,6 +10556,130 @@ def proxy_listens(path: str) -> bool:
         probe.close()
 
 
+class ApiResource(NamedTuple):
+    """Where one kind lives in the API, for the requests the proxy carries in kubectl's stead."""
+
+    prefix: str  # /api/v1, /apis/GROUP/VERSION
+    plural: str
+    kind: str  # the kind of its objects, which a list's items do not carry
+    namespaced: bool
+
+
+# The kinds a run reads, creates and deletes, by the names kubectl is given for them.
+API_RESOURCES = {
+    "namespace": ApiResource("/api/v1", "namespaces", "Namespace", False),
+    "configmap": ApiResource("/api/v1", "configmaps", "ConfigMap", True),
+    "pod": ApiResource("/api/v1", "pods", "Pod", True),
+    "pods": ApiResource("/api/v1", "pods", "Pod", True),
+    "events": ApiResource("/api/v1", "events", "Event", True),
+    "nodes": ApiResource("/api/v1", "nodes", "Node", False),
+    "job": ApiResource("/apis/batch/v1", "jobs", "Job", True),
+    "jobs": ApiResource("/apis/batch/v1", "jobs", "Job", True),
+    "runtimeclass": ApiResource("/apis/node.k8s.io/v1", "runtimeclasses", "RuntimeClass", False),
+    "networkpolicy": ApiResource(
+        "/apis/networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True
+    ),
+}
+# The kinds of the manifests a run creates, by the name kubectl is given for them.
+CREATED_KINDS = {
+    "Namespace": "namespace",
+    "ConfigMap": "configmap",
+    "Job": "job",
+    "NetworkPolicy": "networkpolicy",
+    "Pod": "pod",
+}
+# kubectl's reason for an HTTP answer that carries no Status of its own.
+HTTP_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def resource_path(kind: str, namespace: str | None, name: str | None = None) -> str:
+    """The API path of a kind's collection in a namespace, or of one named object in it."""
+    resource = API_RESOURCES[kind]
+    path = resource.prefix
+    if resource.namespaced and namespace:
+        path += f"/namespaces/{namespace}"
+    path += f"/{resource.plural}"
+    return f"{path}/{name}" if name else path
+
+
+def proxied_list_flags(flags: Sequence[str]) -> bool:
+    """A list's kubectl flags the proxy can say: a label selector and a page size, no more."""
+    rest = list(flags)
+    if rest[:1] == ["-l"]:
+        rest = rest[2:]
+    return all(flag.startswith("--chunk-size=") for flag in rest)
+
+
+def proxied_delete_flags(flags: Sequence[str]) -> bool:
+    """A deletion the proxy can ask for as kubectl would: not waited for, cascading as said."""
+    return "--wait=false" in flags and set(flags) <= {
+        "--wait=false",
+        "--cascade=foreground",
+        "--cascade=background",
+    }
+
+
+def server_error(status: int, body: str, creating: bool = False) -> str:
+    """What kubectl prints on stderr for an API server's answer `status` with `body`, so that an
+    error read through the proxy reads (and is judged: not_found, transient) as kubectl's would."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or answer.get("kind") != "Status":
+        answer = {}
+    message = str(answer.get("message") or "") or (
+        UNSERVED_PATH_MESSAGE if status == 404 else body.strip() or f"HTTP {status}"
+    )
+    reason = str(answer.get("reason") or HTTP_REASONS.get(status, "Unknown"))
+    if reason == "Invalid" and isinstance(answer.get("details"), dict):
+        return invalid_message(answer["details"], message)
+    where = 'error when creating "STDIN": ' if creating else ""
+    return f"Error from server ({reason}): {where}{message}\n"
+
+
+def invalid_message(details: dict, message: str) -> str:
+    """kubectl's words for an object the API server found invalid: its kind and name, then each
+    cause (one on the line, several each on a line of its own)."""
+    causes = [
+        f"{cause.get('field')}: {cause.get('message')}"
+        if cause.get("field")
+        else cause.get("message")
+        for cause in details.get("causes") or []
+        if isinstance(cause, dict)
+    ]
+    said = f"The {details.get('kind')} {json.dumps(details.get('name') or '')} is invalid"
+    if not causes:
+        return f"{said}: {message}\n"
+    if len(causes) == 1:
+        return f"{said}: {causes[0]}\n"
+    return f"{said}: \n" + "".join(f"* {cause}\n" for cause in causes)
+
+
+def status_reason(body: str) -> str | None:
+    """The reason of an API answer that is a Status; None for any other answer."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and answer.get("kind") == "Status":
+        return str(answer.get("reason") or "")
+    return None
+
+
 class ApiProxy:
     """One `kubectl proxy` on a private Unix socket, for the many small reads of a batch.
 
@@ -9299,6 +10688,8 @@ class ApiProxy:
     about 0.1 s of CPU. Through the proxy each log or list is one local HTTP
     request at the API server's own speed; authentication stays kubectl's.
     """
+
+    owned = True  # False for a view of a shared proxy (shared_proxy): closing it closes nothing
 
     def __init__(self, kubectl: Kubectl) -> None:
         self.kubectl = kubectl
@@ -9323,23 +10714,74 @@ class ApiProxy:
 
     def _get_once(self, path: str) -> str:
         """GET one API path (bounded by the request timeout); KubectlError unless 200."""
-        separator = "&" if "?" in path else "?"
-        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
-        self.kubectl.echo(f"GET {target}")
-        connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
-        try:
-            connection.request("GET", target)
-            response = connection.getresponse()
-            body = response.read().decode("utf-8", errors="replace")
-        except (OSError, http.client.HTTPException) as error:  # a timeout, or an answer cut off
-            raise KubectlError(f"GET {path}", None, str(error)) from None
-        finally:
-            connection.close()
-        if response.status != 200:
-            raise KubectlError(f"GET {path}", response.status, body)
+        status, body = self.request("GET", path)
+        if status is None:
+            raise KubectlError(f"GET {path}", None, body)
+        if status != 200:
+            raise KubectlError(f"GET {path}", status, body)
         return body
 
+    def request(self, method: str, path: str, body: str | None = None) -> tuple[int | None, str]:
+        """One request (bounded by the request timeout): its status and answer; status None and
+        the error when no answer came (a timeout, or an answer cut off)."""
+        separator = "&" if "?" in path else "?"
+        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
+        self.kubectl.echo(f"{method} {target}")
+        connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            connection.request(method, target, body=body, headers=headers)
+            response = connection.getresponse()
+            text = response.read().decode("utf-8", errors="replace")
+        except (OSError, http.client.HTTPException) as error:
+            return None, str(error)
+        finally:
+            connection.close()
+        return response.status, text
+
+    def call(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        retry_until: float | None,
+        body: str | None = None,
+        absent_ok: bool = False,
+    ) -> str | None:
+        """A request in a kubectl call's stead: its answer, retried as that call would be, failing
+        with the error that call would give (`verb` names it); None for an object not found when
+        `absent_ok`."""
+
+        def once() -> str | None:
+            status, text = self.request(method, path, body)
+            if status is None:
+                raise KubectlError(verb, None, text)
+            if absent_ok and status == 404 and status_reason(text) is not None:
+                return None
+            if not 200 <= status < 300:
+                raise KubectlError(verb, 1, server_error(status, text, method == "POST"))
+            return text
+
+        return self.kubectl.retrying(once, retry_until)  # type: ignore[arg-type]
+
+    def watch(self, path: str, seconds: int, errors: Any) -> ProxyWatch:
+        """A watch of `path` for up to `seconds`, in the shape of the kubectl watch it replaces."""
+        return ProxyWatch(self, path, seconds, errors)
+
+    def alive(self) -> bool:
+        """The proxy runs and listens."""
+        return self.process.poll() is None and proxy_listens(self.socket_path)
+
+    def view(self, kubectl: Kubectl) -> ApiProxy:
+        """This proxy as `kubectl`'s calls use it (their echo, retries and counts); closing the
+        view leaves the proxy running."""
+        seen = copy.copy(self)
+        seen.kubectl, seen.owned = kubectl, False
+        return seen
+
     def close(self) -> None:
+        if not self.owned:
+            return
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -9347,6 +10789,329 @@ class ApiProxy:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def parsed_object(text: str, verb: str) -> dict:
+    """An API answer's object; DemoError, as for kubectl's output, when it is not one."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DemoError(f"kubectl {verb} printed something that is not JSON")
+    return answer
+
+
+def api_get_object(
+    proxy: ApiProxy,
+    kind: str,
+    name: str,
+    namespace: str | None,
+    missing_ok: bool,
+    retry_until: float | None,
+) -> dict | None:
+    """`kubectl get KIND NAME -o json`, as the object; None when absent and `missing_ok`."""
+    path = resource_path(kind, namespace, name)
+    text = proxy.call(f"get {kind} {name}", "GET", path, retry_until, absent_ok=missing_ok)
+    return None if text is None else parsed_object(text, f"get {kind}")
+
+
+def api_get_list(
+    proxy: ApiProxy,
+    kind: str,
+    namespace: str | None,
+    flags: Sequence[str],
+    retry_until: float | None,
+) -> dict:
+    """`kubectl get KIND [-l SELECTOR] [--chunk-size=N] -o json`: every page, as one List."""
+    selector = flags[1] if flags[:1] == ["-l"] else None
+    sizes = [int(flag.split("=", 1)[1]) for flag in flags if flag.startswith("--chunk-size=")]
+    listing = PagedList(resource_path(kind, namespace), selector, limit=sizes[0] if sizes else 500)
+    while not listing.done:
+        text = proxy.call(f"get {kind}", "GET", listing.next_path(), retry_until)
+        listing.apply(parsed_object(text or "", f"get {kind}"))
+    resource = API_RESOURCES[kind]
+    version = resource.prefix.split("/", 2)[-1]
+    items = [{"apiVersion": version, "kind": resource.kind, **item} for item in listing.items]
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": items,
+        "metadata": {"resourceVersion": ""},
+    }
+
+
+def api_create(
+    proxy: ApiProxy, manifest: dict, retry_until: float | None, dry_run: bool = False
+) -> dict:
+    """`kubectl create -f - -o json` (`dry_run`: with `--dry-run=server`): POSTed to its kind's
+    collection; the object as stored (or as it would be)."""
+    kind = CREATED_KINDS[manifest["kind"]]
+    path = resource_path(kind, (manifest.get("metadata") or {}).get("namespace"))
+    path += "?dryRun=All" if dry_run else ""
+    text = proxy.call("create", "POST", path, retry_until, body=json.dumps(manifest))
+    return parsed_object(text or "", "create")
+
+
+def api_delete(
+    proxy: ApiProxy,
+    kind: str,
+    name: str,
+    namespace: str | None,
+    foreground: bool,
+    retry_until: float | None,
+) -> None:
+    """`kubectl delete KIND NAME --wait=false --ignore-not-found [--cascade=foreground]`."""
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "propagationPolicy": "Foreground" if foreground else "Background",
+    }
+    path = resource_path(kind, namespace, name)
+    proxy.call(
+        f"delete {kind} {name}",
+        "DELETE",
+        path,
+        retry_until,
+        json.dumps(options),
+        absent_ok=True,
+    )
+
+
+def api_whoami(proxy: ApiProxy, retry_until: float | None) -> dict:
+    """`kubectl auth whoami -o json`: the API server's SelfSubjectReview of these credentials."""
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    path = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+    text = proxy.call("auth whoami", "POST", path, retry_until, json.dumps(review))
+    return parsed_object(text or "", "auth whoami")
+
+
+class ProxyWatch:
+    """A watch read through the proxy, in the shape of the `kubectl get -w` process it replaces
+    (stdout, poll, wait, terminate, kill), so that the same reader takes its events. Its request
+    is sent at the first read, in the reader's thread; an answer other than 200 is written to
+    `errors` as kubectl would print it, and the watch ends."""
+
+    def __init__(self, proxy: ApiProxy, path: str, seconds: int, errors: Any) -> None:
+        self.proxy = proxy
+        self.path = f"{path}&timeoutSeconds={max(1, seconds)}"
+        self.errors = errors
+        self.connection = UnixHTTPConnection(proxy.socket_path, seconds + REQUEST_TIMEOUT_SECONDS)
+        self.response: http.client.HTTPResponse | None = None
+        self.returncode: int | None = None
+        self.stdout = self
+
+    def read(self, size: int) -> bytes:
+        """Up to `size` bytes of the watch's events as they come; b"" once it has ended."""
+        try:
+            if self.response is None:
+                if self.returncode is not None:
+                    return b""
+                self.proxy.kubectl.echo(f"GET {self.path}")
+                self.connection.request("GET", self.path)
+                self.response = self.connection.getresponse()
+                if self.response.status != 200:
+                    body = self.response.read().decode("utf-8", errors="replace")
+                    self.errors.write(server_error(self.response.status, body).encode())
+                    self.errors.flush()
+                    self.returncode = 1
+                    return b""
+            return self.response.read1(size) if self.returncode is None else b""
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            # Stopped (terminate: http.client then finds its socket gone under it), or the
+            # connection broke: the watch's end either way.
+            return b""
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = 0
+        self.connection.close()
+        return self.returncode
+
+    def terminate(self) -> None:
+        """Stop the watch: its connection shut, so that a read waiting on it returns."""
+        if self.returncode is None:
+            self.returncode = -signal.SIGTERM
+        sock = self.connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    kill = terminate
+
+
+def kubeconfig_files() -> tuple:
+    """What kubectl's reading of the kubeconfig depends on: $KUBECONFIG, and each file's size
+    and modification time (a file changed, or another named, may name another cluster)."""
+    stamps: list[tuple[str, int | None, int | None]] = []
+    for path in kubeconfig_path().split(os.pathsep):
+        try:
+            status = os.stat(path)
+            stamps.append((path, status.st_mtime_ns, status.st_size))
+        except OSError:
+            stamps.append((path, None, None))
+    return (os.environ.get("KUBECONFIG"), tuple(stamps))
+
+
+class SharedProxies:
+    """One `kubectl proxy` per kubectl binary, context and kubeconfig, kept for the process's
+    life, so that a trainer calling run_batch() or stream_batch() step after step starts no
+    kubectl for its reads, creations, deletions and watches (each kubectl process costs about
+    0.1 s of CPU and as much of the step's time). A proxy whose kubeconfig changed, or that died,
+    is replaced; all are stopped when the process exits (and by the guardian should it be killed).
+
+    Each is started from a thread of its own that lives as long as the process: the kernel's
+    PR_SET_PDEATHSIG, which every kubectl is started with, fires when the thread that started it
+    ends, and stream_batch() runs each batch in a thread that ends with it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proxies: dict[tuple, ApiProxy] = {}
+        self._starts: queue.Queue[tuple[Kubectl, queue.Queue]] = queue.Queue()
+        self._starter: threading.Thread | None = None
+
+    def get(self, kubectl: Kubectl) -> ApiProxy:
+        """The proxy for `kubectl`'s binary, context and kubeconfig, started if there is none alive,
+        as `kubectl` uses it; DemoError when it cannot start."""
+        key = (kubectl.binary, kubectl.context, kubeconfig_files())
+        with self._lock:
+            proxy = self._proxies.get(key)
+            if proxy is None or not proxy.alive():
+                for stale in [k for k in self._proxies if k[:2] == key[:2]]:
+                    self._proxies.pop(stale).close()
+                proxy = self._proxies[key] = self._start(kubectl)
+        return proxy.view(kubectl)
+
+    def _start(self, kubectl: Kubectl) -> ApiProxy:
+        if self._starter is None or not self._starter.is_alive():
+            self._starter = threading.Thread(
+                target=self._serve, name="rl-batch-demo proxies", daemon=True
+            )
+            self._starter.start()
+        answer: queue.Queue[ApiProxy | BaseException] = queue.Queue()
+        self._starts.put((kubectl, answer))  # the proxy's process counted as the caller's
+        started = answer.get()
+        if isinstance(started, BaseException):
+            raise started
+        return started
+
+    def _serve(self) -> None:
+        """The proxies' starter: each proxy asked for, started from this thread, which never ends."""
+        while True:
+            kubectl, answer = self._starts.get()
+            try:
+                answer.put(ApiProxy(kubectl))
+            except BaseException as error:  # handed to the thread that asked
+                answer.put(error)
+
+    def close_all(self) -> None:
+        with self._lock:
+            proxies, self._proxies = list(self._proxies.values()), {}
+        for proxy in proxies:
+            proxy.close()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child starts proxies of its own: its parent's stay the parent's."""
+        self._lock = threading.Lock()
+        self._proxies, self._starts, self._starter = {}, queue.Queue(), None
+
+
+SHARED_PROXIES = SharedProxies()
+atexit.register(SHARED_PROXIES.close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=SHARED_PROXIES.after_fork_in_child)
+
+
+class ProxiedKubectl(Kubectl):
+    """A Kubectl whose reads, creations, deletions and watches go through the process's shared
+    proxy (shared_proxy) where they can: the same requests, answers and errors as kubectl's,
+    without a kubectl process each. What the proxy cannot say, kubectl runs, as without one."""
+
+    def get(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        missing_ok: bool = False,
+        retry_until: float | None = None,
+    ) -> dict | None:
+        if self.api is None or kind not in API_RESOURCES:
+            return super().get(kind, name, namespace, missing_ok, retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, name, namespace, missing_ok),
+            lambda: api_get_object(api, kind, name, namespace, missing_ok, retry_until),
+        )
+
+    def get_list(
+        self, kind: str, namespace: str | None = None, *flags: str, retry_until: float | None = None
+    ) -> dict | None:
+        if self.api is None or kind not in API_RESOURCES or not proxied_list_flags(flags):
+            return super().get_list(kind, namespace, *flags, retry_until=retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, namespace, flags),
+            lambda: api_get_list(api, kind, namespace, flags, retry_until),
+        )
+
+    def create(self, manifest: dict, retry_until: float | None = None) -> dict:
+        if self.api is None or manifest.get("kind") not in CREATED_KINDS:
+            return super().create(manifest, retry_until)
+        return api_create(self.api, manifest, retry_until)
+
+    def delete(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        *flags: str,
+        retry_until: float | None = None,
+    ) -> None:
+        if self.api is None or kind not in API_RESOURCES or not proxied_delete_flags(flags):
+            super().delete(kind, name, namespace, *flags, retry_until=retry_until)
+            return
+        foreground = "--cascade=foreground" in flags
+        api_delete(self.api, kind, name, namespace, foreground, retry_until)
+
+
+# The cluster-wide facts a run reads before it creates anything (its RuntimeClass, the nodes, who
+# its credentials are), kept this long in the process: a trainer's steps, seconds apart, read them
+# once (each read is a request, and the nodes' list a big one on a big cluster). A RuntimeClass
+# deleted meanwhile fails the batch's pods, reported as such, instead of the check before it.
+RECENT_READ_SECONDS = 30.0
+RECENT_KINDS = ("runtimeclass", "nodes", "whoami")
+RECENT_READS: dict[tuple, tuple[float, Any]] = {}
+
+
+def recently_read(kubectl: Kubectl, what: tuple, read: Callable[[], Any]) -> Any:
+    """`read()`, or for a cluster-wide fact (RECENT_KINDS) its answer to the same kubectl, context
+    and kubeconfig within RECENT_READ_SECONDS. A failed read is not kept. Read it, never change it."""
+    if what[0] not in RECENT_KINDS:
+        return read()
+    key = (kubectl.binary, kubectl.context, kubeconfig_files(), what)
+    kept = RECENT_READS.get(key)
+    if kept is not None and time.monotonic() - kept[0] < RECENT_READ_SECONDS:
+        return kept[1]
+    read_at = time.monotonic()
+    value = RECENT_READS[key] = (read_at, read())
+    return value[1]
+
+
+def shared_proxy(kubectl: Kubectl) -> ApiProxy | None:
+    """`kubectl`'s calls given the process's shared proxy (SharedProxies); None, with a warning,
+    when it cannot start (each call then runs a kubectl of its own, as before)."""
+    try:
+        kubectl.api = SHARED_PROXIES.get(kubectl)
+    except DemoError as error:  # e.g. kubectl proxy forbidden here
+        print(f"Warning: {error}; running one kubectl per request", file=sys.stderr)
+        kubectl.api = None
+    return kubectl.api
 
 
 def read_log(
@@ -9517,6 +11282,9 @@ def read_events(
 # How long a request to the proxy waits for its connection and its answer, beyond a command's own
 # timeout; a command without one is bounded by this alone.
 REQUEST_GRACE_SECONDS = 30.0
+# A request that may be sent again (a file's read or write; a command with retry=True) is, while
+# the pod still runs, for this long: an API server restarting is back within it.
+RETRY_SECONDS = 30.0
 # A pod's server is asked whether it listens this often, from its Running until it answers.
 PROBE_INTERVAL_SECONDS = 0.02
 PROBE_MOST_SECONDS = 120.0
@@ -9562,7 +11330,9 @@ class CommandTimeout(DemoError, TimeoutError):
 class ProxyAnswer(NamedTuple):
     status: int
     body: bytes
-    from_api_server: bool  # a Kubernetes Status (the proxy's own answer), not the sandbox's
+    # Not the sandbox's answer: a Kubernetes Status, or an error of `kubectl proxy` (its 500 when
+    # the API server cannot be reached), neither of which carries the sandbox's ANSWER_HEADER.
+    from_api_server: bool
 
 
 class OneWriteConnection(UnixHTTPConnection):
@@ -9620,7 +11390,8 @@ class ProxyClient:
             raise
         if (response.getheader("Connection") or "").lower() == "close":
             self.forget()
-        return ProxyAnswer(response.status, data, response.status != 200 and is_status(data))
+        on_the_way = is_status(data) or response.getheader(ANSWER_HEADER) is None
+        return ProxyAnswer(response.status, data, response.status != 200 and on_the_way)
 
 
 def is_status(data: bytes) -> bool:
@@ -10064,7 +11835,11 @@ class WatchStream:
         # An interrupt comes once the watch is whole: its process, known to be stopped, and its reader.
         with INTERRUPTS.holding():
             try:
-                process = self.kubectl.stream(args, seconds, stderr=errors)
+                process: Any = (
+                    self.kubectl.stream(args, seconds, stderr=errors)
+                    if self.kubectl.api is None
+                    else self.kubectl.api.watch(self.api_path(kind), seconds, errors)
+                )
             except OSError as error:
                 errors.close()
                 raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
@@ -10073,6 +11848,23 @@ class WatchStream:
             threading.Thread(
                 target=self._pump, args=(kind, process, errors, stopped), daemon=True
             ).start()
+
+    def api_path(self, kind: str) -> str:
+        """The API path that watches what `start` would have kubectl watch: from the objects there
+        now (each an ADDED event first, as kubectl lists them) onwards."""
+        if kind == "job":
+            resource = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
+            query = (
+                {"labelSelector": f"{BATCH_LABEL}={self.jobs.batch}"}
+                if self.jobs.several
+                else {"fieldSelector": f"metadata.name={self.jobs.names[0]}"}
+            )
+        elif kind == "events":
+            resource, query = f"/api/v1/namespaces/{self.namespace}/events", {}
+        else:
+            resource = f"/api/v1/namespaces/{self.namespace}/pods"
+            query = {"labelSelector": self.jobs.pod_selector()}
+        return f"{resource}?{urllib.parse.urlencode(dict(query, watch='1'))}"
 
     def _pump(
         self, kind: str, process: subprocess.Popen, errors: Any, stopped: threading.Event
@@ -10652,8 +12444,12 @@ class RewardStream:
         settings: Settings,
         on_reward: Callable[[dict], None] | None = None,
         stop: StopRequest | None = None,
+        stop_rest: Callable[[], None] | None = None,
+        kept: Sequence[dict] = (),
     ) -> None:
         self.path = path
+        # --need-groups K: called once, as soon as K groups are whole, to stop the rest.
+        self.stop_rest = stop_rest
         self.count = settings.count
         self.settings = settings
         self.images = group_images(settings)
@@ -10666,8 +12462,14 @@ class RewardStream:
             set()
         )  # an attempt of theirs ended: settled once the log or the Job says so
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
+        # An attach's: the lines a client that is gone wrote, written again and never redelivered.
+        for row in kept:
+            self._handle.write(json.dumps(row) + "\n")
+            self.rows[row["index"]] = row
+        self._handle.flush()
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
+        self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -10726,6 +12528,7 @@ class RewardStream:
         written = time.time()
         self.rows[index] = row
         self.waiting.discard(index)
+        self._count_group(index, streamed)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
         self.deliveries.append(
             Delivery(
@@ -10745,6 +12548,18 @@ class RewardStream:
                 # Told once: the lines saved while the run stops are not handed to it again.
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
+
+    def _count_group(self, index: int, streamed: bool) -> None:
+        """Whether the episode's group is whole now; once K are while the batch runs, the rest
+        are stopped (--need-groups K)."""
+        size = self.settings.group_size
+        members = range(index // size * size, index // size * size + size)
+        if all(self.rows.get(member, {}).get("valid") for member in members):
+            self.whole_groups.add(index // size)
+        wanted, stop_rest = self.settings.need_groups, self.stop_rest
+        if streamed and stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
+            self.stop_rest = None
+            stop_rest()
 
     def finish(
         self,
@@ -10965,6 +12780,12 @@ class BatchFollower:
             raise
         self.state.created(time.time())
         return created
+
+    def adopt(self) -> None:
+        """Follow Jobs another client created (attach): the submission's moment is this
+        client's start, and the state is told none (their creation call's moments are unknown)."""
+        self.progress.new_batch()
+        self.submission = Submission(time.time(), time.monotonic())
 
     def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
@@ -11476,6 +13297,12 @@ class RunContext:
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
     # --queue: each batch's admission (by its directory), as Kueue's Workloads tell it
     admission: dict[str, dict] = dataclasses.field(default_factory=dict)
+    tracer: Any = None  # telemetry.RunTracer with --otlp-endpoint: each batch's spans as it ends
+    # --cleanup through the proxy: begun once the last batch's evidence is read (begin_cleanup),
+    # its report's text the result; unstarted otherwise.
+    cleanup_ahead: concurrent.futures.Future[str] | None = None
+    lease: Any = None  # the FollowerLease this process holds on the run, released by close()
+    detach: bool = False  # --detach: execute() returns once the first batch's Jobs exist
 
     @property
     def namespace(self) -> str:
@@ -11563,8 +13390,12 @@ def current_user(kubectl: Kubectl) -> str:
     (a SelfSubjectReview), else, where the server or kubectl has none, the context's user
     in the kubeconfig."""
     try:
-        review = kubectl.get_json(
-            ["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        api = kubectl.api
+        review = (
+            kubectl.get_json(["auth", "whoami"], retry_until=retry_until)
+            if api is None
+            else recently_read(kubectl, ("whoami",), lambda: api_whoami(api, retry_until))
         )
         username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
         if isinstance(username, str) and username:
@@ -11616,8 +13447,21 @@ def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None
         )
 
 
+# The contexts resolve_context found, by kubectl, the context asked for and the kubeconfig files as
+# they were then: the same files give the same answer, without a kubectl process each step.
+RESOLVED_CONTEXTS: dict[tuple, str] = {}
+
+
 def resolve_context(kubectl: Kubectl, wanted: str | None, spelling: Spelling = COMMAND_LINE) -> str:
     """The context every later call names: --context if it exists, else the current one."""
+    key = (kubectl.binary, wanted, kubeconfig_files())
+    if key not in RESOLVED_CONTEXTS:
+        RESOLVED_CONTEXTS[key] = context_named(kubectl, wanted, spelling)
+    return RESOLVED_CONTEXTS[key]
+
+
+def context_named(kubectl: Kubectl, wanted: str | None, spelling: Spelling) -> str:
+    """resolve_context's answer, asked of kubectl."""
     if wanted:
         try:
             named = kubectl.run(
@@ -11667,12 +13511,13 @@ def save_run_json(run: RunContext) -> None:
 def check_runtime_class(run: RunContext) -> None:
     """The RuntimeClass exists; the first contact with the cluster, so it also says whether it answers."""
     runtime, context = run.settings.runtime, run.kubectl.context
+    # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
+    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
-        # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
-        run.kubectl.run(
-            ["get", "runtimeclass", runtime, "-o", "name"],
-            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
-        )
+        if run.kubectl.api is not None:
+            run.kubectl.get("runtimeclass", runtime, retry_until=retry_until)
+        else:
+            run.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"], retry_until=retry_until)
     except KubectlError as error:
         if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
             raise DemoError(
@@ -12152,6 +13997,66 @@ def record_admission(run: RunContext, names: Sequence[str], batch: str) -> None:
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/secretcopy.py: --env-from-secret at run time: each Secret found before anything is created, and copied into the
+
+# The Secrets read for a run, by name: what their copies are made from.
+ReadSecrets = dict[str, dict]
+
+
+def read_secrets(run: RunContext) -> ReadSecrets:
+    """Each --env-from-secret Secret, read before anything is created; DemoError names one that is
+    missing or may not be read, and says that nothing was created."""
+    found: ReadSecrets = {}
+    for source in run.settings.pod.secrets:
+        found[source.name] = read_secret(run, source)
+    return found
+
+
+def read_secret(run: RunContext, source: SecretSource) -> dict:
+    given = run.spelling.setting(
+        "env_from_secret",
+        f"{source.namespace}/{source.name}" if source.namespace else source.name,
+    )
+    where = f"namespace {source.namespace}" if source.namespace else "the context's namespace"
+    try:
+        # Without -n, kubectl looks in the context's namespace, as the user's own kubectl would.
+        secret = run.kubectl.get(
+            "secret",
+            source.name,
+            source.namespace,
+            missing_ok=True,
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        if "forbidden" in error.stderr.lower():
+            raise DemoError(
+                f"{given}: may not get Secret {source.name} in {where} (the copy into the run's "
+                f"namespace needs get on it, and create secrets); nothing was created"
+            ) from None
+        raise DemoError(
+            f"{given}: cannot read Secret {source.name}: {error}; nothing was created"
+        ) from None
+    if secret is None:
+        raise DemoError(
+            f"{given}: no Secret {source.name} in {where}; nothing was created (make it with "
+            f"kubectl create secret generic {source.name} --from-literal=KEY=VALUE)"
+        )
+    return secret
+
+
+def filled(manifest: dict, secrets: ReadSecrets) -> dict:
+    """A planned object as it is created: a Secret's copy (planned without its data) with the data
+    of the Secret read; any other object as planned."""
+    metadata = manifest.get("metadata") or {}
+    if manifest.get("kind") != "Secret" or COPIED_FROM_ANNOTATION not in (
+        metadata.get("annotations") or {}
+    ):
+        return manifest
+    name = metadata["name"]
+    return secret_copy_manifest(metadata["namespace"], SecretSource(name), secrets[name])
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/results.py: results.json: a batch's figures, verified or rolled out, and the run's.
 
 def describe_failure(
@@ -12364,7 +14269,13 @@ def say_rollout_outcome(
     need = batch.spelling.setting("need", settings.need)
     losses = [row for row in failures if is_loss(row)]
     own = [row for row in failures if not is_loss(row)]
-    if settings.need is not None:
+    if settings.need_groups is not None:
+        need = batch.spelling.setting("need_groups", settings.need_groups)
+        print(
+            f"{need} met: {cancelled} of {count} episodes cancelled, {len(losses)} lost",
+            file=sys.stderr,
+        )
+    elif settings.need is not None:
         print(
             f"{need} met: {count - cancelled - len(failures)} of {count} episodes succeeded, "
             + (f"{len(own)} failed on their own (valid), " if own else "")
@@ -12374,7 +14285,9 @@ def say_rollout_outcome(
         )
     if losses:
         accepted = (
-            f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
+            f"Failures within {need}"
+            if settings.need is not None or settings.need_groups is not None
+            else "Accepted a partial batch"
         )
         print(
             "\n  ".join(
@@ -12426,6 +14339,7 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
         results.figures["throughput"],
         results.figures.get("admission"),
     )
+    write_metrics(run.output, results.figures, results.batches, run.receipt.run_id)
     return results
 
 
@@ -12503,7 +14417,10 @@ def summarise_rollout(
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     need = settings.need
     allowed = len(rows) - need if need is not None else settings.allow_failures or 0
+    if settings.need_groups is not None:
+        allowed = len(rows) - settings.need_groups * settings.group_size
     check_rollout_accepted(rows, need, allowed, spelling)
+    check_groups_whole(rows, settings, spelling)
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(
@@ -12527,7 +14444,36 @@ def summarise_rollout(
         rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
     )
     summary.figures["images"] = image_figures(summary.episodes, rows)
+    if settings.need_groups is not None:  # the losses it absorbs make no partial batch
+        summary.figures.update(need_groups=settings.need_groups, accepted_partial=False)
     return summary
+
+
+def whole_groups(rows: Sequence[dict], group_size: int) -> list[int]:
+    """The groups whose every member has a valid line."""
+    return [
+        start // group_size
+        for start in range(0, len(rows), group_size)
+        if all(row["valid"] for row in rows[start : start + group_size])
+    ]
+
+
+def check_groups_whole(rows: Sequence[dict], settings: Settings, spelling: Spelling) -> None:
+    """--need-groups K: DemoError when fewer than K groups are whole."""
+    wanted = settings.need_groups
+    whole = whole_groups(rows, settings.group_size)
+    if wanted is not None and len(whole) < wanted:
+        losses = [row for row in rows if is_loss(row)]
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(whole)} of {len(rows) // settings.group_size} groups have every "
+                    f"member's valid line, fewer than {spelling.setting('need_groups', wanted)} "
+                    f"({len(losses)} episodes lost: {failures_said(losses) or 'none'})"
+                ]
+                + failure_lines(losses)
+            )
+        )
 
 
 def check_rollout_accepted(
@@ -12589,6 +14535,7 @@ ROLLOUT_FIELDS = (
     "pod_to_ready_censored",
     "job_end",
     "need",
+    "need_groups",
     "cancelled_episodes",
     "first_reward_seconds",
     "kth_reward_seconds",
@@ -12639,8 +14586,9 @@ def rollout_figures(
         **group_summary_figures(rows, group_size),
         "job_end": {
             "condition": job_finished(job),
-            "reason": job_end_reason(job)
-            or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
+            "reason": NEED_GROUPS_REASON
+            if cancelled_by_tool(job)
+            else job_end_reason(job) or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
         },
     }
     if need is not None:
@@ -12892,13 +14840,17 @@ def wait_gone(
 ) -> dict | None:
     """Poll until the object is gone; return its last state if it is still there at the deadline."""
     deadline = time.monotonic() + seconds
+    # Through the proxy a look costs a local request, not a kubectl process: look again soon
+    # (a Job's foreground deletion takes a tenth of a second or so), then less often.
+    pause = POLL_INTERVAL_SECONDS if kubectl.api is None else 0.02
     while True:
         live = kubectl.get(kind, name, namespace, missing_ok=True, retry_until=deadline)
         if live is None:
             return None
         if time.monotonic() >= deadline:
             return live
-        time.sleep(POLL_INTERVAL_SECONDS)
+        time.sleep(pause)
+        pause = min(pause * 1.5, POLL_INTERVAL_SECONDS)
 
 
 def cleanup_namespace(
@@ -13226,6 +15178,356 @@ def list_runs(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/lease.py: One follower per run: a lock file in its output directory, and a lease on its namespace.
+
+class Holder(NamedTuple):
+    """A follower: its host, PID and its process's start (in clock ticks since boot, from
+    /proc: a PID reused by another process is not the follower that held it)."""
+
+    host: str
+    pid: int
+    process_started: str | None = None
+
+    @property
+    def identity(self) -> str:
+        return f"{self.host}/{self.pid}"
+
+    def said(self) -> str:
+        return f"host {self.host} PID {self.pid}"
+
+
+class FollowerBusy(DemoError):
+    """Another live follower holds the run: its lock file or its namespace's lease."""
+
+
+def process_start(pid: int) -> str | None:
+    """A process's start time as /proc/PID/stat gives it (its 22nd field), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def this_holder() -> Holder:
+    """This process as a follower."""
+    return Holder(socket.gethostname(), os.getpid(), process_start(os.getpid()))
+
+
+def holder_alive(holder: Holder) -> bool | None:
+    """Whether the follower's process still runs: None when it runs on another host (unknown
+    here); False when its PID is gone, or now belongs to a process started later."""
+    if holder.host != socket.gethostname():
+        return None
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a process of another user has the PID: it exists
+    started = process_start(holder.pid)
+    return not (holder.process_started and started and started != holder.process_started)
+
+
+def holder_of(record: dict | None) -> Holder | None:
+    """The holder a lock file's or a lease's record names, or None when it names none."""
+    if not isinstance(record, dict) or not record.get("host"):
+        return None
+    try:
+        pid = int(record.get("pid"))  # type: ignore[arg-type]  # checked by the int() below
+    except (TypeError, ValueError):
+        return None
+    started = record.get("process_started")
+    return Holder(str(record["host"]), pid, str(started) if started else None)
+
+
+def read_lock(path: str) -> dict | None:
+    """The lock file's record; None when it cannot be read whole (being written, or damaged)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def take_lock(output: str, replace_remote: bool = False) -> str:
+    """Hold the output directory's lock file for this process: a lock of a dead process on this
+    host is taken over, one of another host only when `replace_remote` (its lease is stale); a
+    live holder's is refused with FollowerBusy naming it. The lock file's path."""
+    path = os.path.join(output, LOCK_FILE)
+    me = this_holder()
+    record = dict(me._asdict(), since=time.time())
+    for _ in range(3):
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            held = read_lock(path)
+            holder = holder_of(held)
+            if holder is None and lock_age(path) < LEASE_RENEW_SECONDS:
+                time.sleep(0.2)  # being written by a follower starting this moment
+                continue
+            alive = None if holder is None else holder_alive(holder)
+            if holder is not None and (alive or (alive is None and not replace_remote)):
+                raise FollowerBusy(lock_refusal(output, holder, held or {}, alive)) from None
+            remove_quietly(path)  # stale: its holder is dead, or the lease says so
+            continue
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                json.dump(record, handle)
+        except OSError as error:
+            remove_quietly(path)
+            raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
+        return path
+    raise FollowerBusy(f"{output}: could not take {LOCK_FILE}; another follower is starting")
+
+
+def lock_age(path: str) -> float:
+    """Seconds since the lock file was last written or renewed (0 when it is gone)."""
+    try:
+        return max(0.0, time.time() - os.path.getmtime(path))
+    except OSError:
+        return 0.0
+
+
+def lock_refusal(output: str, holder: Holder, record: dict, alive: bool | None) -> str:
+    """Why a second follower of one output directory is refused, and what to do instead."""
+    since = record.get("since")
+    started = f", since {rfc3339_micro(since)}" if isinstance(since, (int, float)) else ""
+    if alive:
+        return (
+            f"{output} is already followed by {holder.said()}{started}; one follower per run "
+            f"(stop that process first, or wait for it)"
+        )
+    return (
+        f"{output} is followed by {holder.said()}{started} (another host: its process cannot "
+        f"be checked from here); attach --force takes over once its lease on the namespace "
+        f"has not been renewed for {LEASE_STALE_PERIODS} periods"
+    )
+
+
+def release_lock(path: str) -> None:
+    """Remove the lock file if it is still this process's."""
+    holder = holder_of(read_lock(path))
+    if holder is not None and (holder.host, holder.pid) == (socket.gethostname(), os.getpid()):
+        remove_quietly(path)
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def rfc3339_micro(moment: float) -> str:
+    """Epoch seconds -> RFC 3339 in UTC with microseconds, as a Lease's MicroTime."""
+    stamp = datetime.datetime.fromtimestamp(moment, datetime.timezone.utc)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_record(holder: Holder, acquired: float, renewed: float, output: str) -> dict:
+    """The lease annotation's JSON: the fields of a coordination.k8s.io Lease, and who holds it."""
+    return {
+        "holderIdentity": holder.identity,
+        "host": holder.host,
+        "pid": holder.pid,
+        "process_started": holder.process_started,
+        "output": os.path.abspath(output),
+        "acquireTime": rfc3339_micro(acquired),
+        "renewTime": rfc3339_micro(renewed),
+        "leaseDurationSeconds": LEASE_RENEW_SECONDS * LEASE_STALE_PERIODS,
+        "renewPeriodSeconds": LEASE_RENEW_SECONDS,
+    }
+
+
+def lease_of(namespace: dict | None) -> dict | None:
+    """The follower lease a namespace carries, or None (none, or not JSON)."""
+    text = (((namespace or {}).get("metadata") or {}).get("annotations") or {}).get(
+        FOLLOWER_ANNOTATION
+    )
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def lease_renewed_at(record: dict) -> float | None:
+    return parse_time(str(record.get("renewTime") or "")) or None
+
+
+def lease_verdict(
+    record: dict | None,
+    me: Holder,
+    now: float,
+    force: bool,
+    alive: Callable[[Holder], bool | None] = holder_alive,
+) -> str | None:
+    """None when `me` may hold the lease; else why not. Free: none, ours, its holder's process
+    gone (this host), or (`force`) not renewed for LEASE_STALE_PERIODS periods. Pure but for
+    `alive`, which looks at this host's processes."""
+    holder = holder_of(record)
+    if record is None or holder is None or holder.identity == me.identity:
+        return None
+    renewed = lease_renewed_at(record)
+    period = float(record.get("renewPeriodSeconds") or LEASE_RENEW_SECONDS)
+    age = None if renewed is None else max(0.0, now - renewed)
+    living = alive(holder)
+    if living is False:
+        return None
+    since = "never renewed" if age is None else f"last renewed {age:.0f} s ago"
+    if living:
+        return f"the run is followed by {holder.said()} ({since}); one follower per run"
+    stale = age is None or age >= LEASE_STALE_PERIODS * period
+    if stale and force:
+        return None
+    if stale:
+        return (
+            f"the run's lease is held by {holder.said()}, {since} (more than "
+            f"{LEASE_STALE_PERIODS} periods of {period:.0f} s): that follower looks gone; "
+            f"attach --force takes the lease over"
+        )
+    return (
+        f"the run is followed by {holder.said()} ({since}, every {period:.0f} s); one "
+        f"follower per run (attach --force takes over only a lease not renewed for "
+        f"{LEASE_STALE_PERIODS} periods)"
+    )
+
+
+def conflict(error: KubectlError) -> bool:
+    """The namespace changed since it was read (the resourceVersion precondition failed)."""
+    return "Conflict" in error.stderr or "the object has been modified" in error.stderr
+
+
+class FollowerLease:
+    """This process's hold on one run: its lock file, renewed (touched) every
+    LEASE_RENEW_SECONDS, and its namespace's lease, claimed as soon as the namespace exists
+    and renewed with it, both by a thread of its own through a kubectl of its own (the run's
+    counts its own processes). `release` gives both up."""
+
+    def __init__(
+        self, kubectl: Kubectl, receipt: Receipt, output: str, lock_path: str, force: bool = False
+    ) -> None:
+        self.kubectl = Kubectl(kubectl.binary, kubectl.context, kubectl.verbose)
+        self.receipt = receipt
+        self.output = output
+        self.lock_path = lock_path
+        self.force = force
+        self.me = this_holder()
+        self.acquired: float | None = None
+        self.lost: str | None = None  # why the lease was lost to another follower, if it was
+        self.failing = False  # the last claim or renewal failed (and was said)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> FollowerLease:
+        self._thread = threading.Thread(
+            target=self._keep, name="rl-batch-demo follower lease", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _keep(self) -> None:
+        """Claim the lease once the namespace exists, then renew it and the lock every period."""
+        while not self._stop.is_set():
+            wait: float = LEASE_RENEW_SECONDS
+            if self.lost is None and self.receipt.namespace_uid:
+                try:
+                    self.hold()
+                    self.failing = False
+                except FollowerBusy as error:
+                    self.warn(f"Warning: the run's follower lease was taken over: {error}")
+                except DemoError as error:
+                    # Said once: a role without patch on namespaces keeps the lock file alone.
+                    self.warn(
+                        f"Warning: cannot hold the run's follower lease on namespace "
+                        f"{self.receipt.namespace} ({error}); grant patch on namespaces"
+                    )
+                    wait = 1 if self.acquired is not None else LEASE_RENEW_SECONDS
+            elif self.lost is None:
+                wait = 0.5  # the namespace is about to be created
+            try:
+                os.utime(self.lock_path)
+            except OSError:
+                pass  # the directory went: nothing more to renew there
+            self._stop.wait(wait)
+
+    def warn(self, line: str) -> None:
+        """One warning per spell of failures, not one a period."""
+        if not self.failing:
+            print(line, file=sys.stderr, flush=True)
+        self.failing = True
+
+    def hold(self, force: bool | None = None) -> None:
+        """Claim or renew the lease: read the namespace, check who holds it, write ours with its
+        resourceVersion as a precondition (a follower that wrote meanwhile wins, as in leader
+        election). FollowerBusy when another holds it."""
+        live = self.kubectl.get(
+            "namespace",
+            self.receipt.namespace,
+            missing_ok=True,
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+        if live is None or not self.receipt.owns_namespace(live):
+            return
+        now = time.time()
+        why = lease_verdict(lease_of(live), self.me, now, self.force if force is None else force)
+        if why is not None:
+            if self.acquired is not None:
+                self.lost = why
+            raise FollowerBusy(why)
+        self.acquired = self.acquired or now
+        record = lease_record(self.me, self.acquired, now, self.output)
+        self.patch(json.dumps(record), live["metadata"].get("resourceVersion"))
+
+    def patch(self, value: str | None, resource_version: str | None) -> None:
+        metadata: dict = {"annotations": {FOLLOWER_ANNOTATION: value}}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        try:
+            self.kubectl.run(
+                [
+                    "patch",
+                    "namespace",
+                    self.receipt.namespace,
+                    "--type=merge",
+                    "-p",
+                    json.dumps({"metadata": metadata}),
+                ],
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except KubectlError as error:
+            if conflict(error):
+                raise FollowerBusy(
+                    "another follower wrote the run's lease at the same moment"
+                ) from None
+            raise
+
+    def release(self) -> None:
+        """Stop renewing; remove the lease if it is still ours, and the lock file."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=CALL_TIMEOUT_SECONDS)
+        if self.acquired is not None and self.lost is None:
+            try:
+                live = self.kubectl.get(
+                    "namespace",
+                    self.receipt.namespace,
+                    missing_ok=True,
+                    retry_until=time.monotonic() + 5,
+                )
+                held = holder_of(lease_of(live))
+                if live is not None and held is not None and held.identity == self.me.identity:
+                    self.patch(None, live["metadata"].get("resourceVersion"))
+            except DemoError:
+                pass  # it expires by itself: LEASE_STALE_PERIODS periods unrenewed
+        release_lock(self.lock_path)
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/run.py: The `run` action: `perform_run` -> `start_run` -> `execute`, its steps on one `RunContext`.
 
 def default_timeout(count: int, parallelism: int) -> int:
@@ -13252,6 +15554,9 @@ def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
     if settings.need is not None:
         return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.need_groups is not None:  # the tool stops the rest itself, once K are whole
+        lost = settings.count - settings.need_groups * settings.group_size
+        return RolloutPolicy(settings.retries or 0, lost)
     if settings.retries is None and settings.allow_failures is None:
         return None
     return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
@@ -13278,6 +15583,21 @@ def pod_deadline(settings: Settings) -> int | None:
     return sum(known) if known else None
 
 
+def pod_deadline_parts(settings: Settings) -> str | None:
+    """What each pod's deadline (pod_deadline) is made of: the flags given, with their values."""
+    parts = [
+        f"{flag} {seconds}"
+        for flag, seconds in (
+            ("--pull-timeout", settings.pull_timeout),
+            ("--episode-timeout", settings.episode_timeout),
+        )
+        if seconds is not None
+    ]
+    if settings.rollout and settings.episode_timeout is not None:
+        parts.append(f"{EPISODE_TIMEOUT_SLACK_SECONDS} s for the pod to start")
+    return " + ".join(parts) or None
+
+
 def episode_launch(settings: Settings) -> Launch | None:
     """How a rollout's pods run their episode: through the launcher, with --episode-timeout."""
     return Launch(timeout=settings.episode_timeout) if settings.rollout else None
@@ -13300,6 +15620,8 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
         launch=episode_launch(settings),
+        deadline_parts=pod_deadline_parts(settings),
+        pod=settings.pod,
     )
 
 
@@ -13342,6 +15664,8 @@ def batch_jobs(
             batch=name,
             episode_indexes=group.indexes,
             launch=episode_launch(settings),
+            deadline_parts=pod_deadline_parts(settings),
+            pod=settings.pod,
         )
         for number, (group, share) in enumerate(zip(groups, shares), start=1)
     ]
@@ -13358,6 +15682,10 @@ def plan_run(
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
+    if settings.pod.egress:
+        setup.append(egress_policy_manifest(namespace, settings.pod.egress))
+    # Planned without their data: the Secrets are read when the run starts (secretcopy).
+    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -13405,9 +15733,11 @@ def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> 
     )
 
 
-def execute(run: RunContext) -> Results:
+def execute(run: RunContext) -> Results | None:
     """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
     save_run_records(run)
+    # The run's one follower, once its receipt is there: its lock file, then its lease.
+    run.lease = FollowerLease(run.kubectl, run.receipt, run.output, take_lock(run.output)).start()
     check_runtime_class(run)
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
@@ -13416,15 +15746,21 @@ def execute(run: RunContext) -> Results:
         check_queue(run)  # the queue's quota, not the nodes, holds the batch
     else:
         check_capacity(run)
+    secrets_read = read_secrets(run)  # --env-from-secret: held in memory alone
     stamp_origin(run)
+    save_planned_jobs(run)
     create_namespace(run)
     for manifest in run.plan.setup:
-        created = create_object(run, manifest)
+        created = create_object(run, filled(manifest, secrets_read))
         if run.receipt.shared:  # its UID saved before the next object is made
             metadata = created["metadata"]
             run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
+    secrets_read.clear()
     if run.settings.prepull:
         prepull(run)
+    if run.detach:
+        submit_detached(run)
+        return None
     outcomes: list[BatchOutcome] = []
     for entry in run.settings.batches:
         for earlier in outcomes[-1:]:  # its drafted rows wait in memory, not in an open file
@@ -13432,6 +15768,8 @@ def execute(run: RunContext) -> Results:
                 spool.hold_in_memory()
         with held_objects_spared(run.owns_process):
             outcomes.append(run_one_batch(run, entry))
+        if run.tracer is not None:
+            run.tracer.batch_done(entry.job, outcomes[-1].summary, entry.measured)
     return save_results(run, outcomes)
 
 
@@ -13453,6 +15791,30 @@ def stamp_origin(run: RunContext) -> None:
             planned_work(run.plan.jobs),
         )
     )
+
+
+def submit_detached(run: RunContext) -> None:
+    """--detach: the first batch's Jobs created (job-submitted.json, their UIDs in the receipt)
+    and nothing followed: `attach` picks the run up from its files."""
+    entry = run.settings.batches[0]
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    os.makedirs(batch_dir, exist_ok=True)
+    manifests = run.plan.jobs[entry.job]
+    save_submitted_jobs(run, batch_dir, manifests)
+    create_batch_jobs(run, manifests)
+
+
+def say_detached(run: RunContext) -> None:
+    """What a detached run prints on stdout: its namespace and the command that follows it."""
+    if not run.silent:
+        print(f"Detached: attach with: {attach_command(run.output, run.kubectl.binary)}")
+
+
+def save_planned_jobs(run: RunContext) -> None:
+    """jobs-planned.json: every Job of every batch, as a List, before any is created (what
+    `attach` creates of a run stopped between two batches)."""
+    jobs = [job for batch in run.plan.jobs.values() for job in batch]
+    write_json(os.path.join(run.output, PLANNED_JOBS_FILE), list_manifest(jobs))
 
 
 def create_namespace(run: RunContext) -> None:
@@ -13626,26 +15988,33 @@ def open_proxy(run: RunContext) -> None:
             print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
 
 
-def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
-    """Submit one Job, follow it, save its evidence, verify and summarise it."""
+def run_one_batch(
+    run: RunContext, entry: BatchEntry, kept: Sequence[dict] = (), adopt: bool = False
+) -> BatchOutcome:
+    """Submit one Job, follow it, save its evidence, verify and summarise it. `adopt`: its Jobs
+    exist already (attach), and `kept` are the rewards.jsonl lines written before."""
     job_name = entry.job
     batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
     os.makedirs(batch_dir, exist_ok=True)
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
-    save_submitted_jobs(run, batch_dir, manifests)
+    if not adopt:
+        save_submitted_jobs(run, batch_dir, manifests)
     admitted = (
         admit_batch(run, lambda: create_batch_jobs(run, manifests), job_names, entry.dir)
-        if run.settings.queue
+        if run.settings.queue and not adopt
         else None
     )
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
     watches = start_batch_watches(run, job_name, job_names, client_deadline)
-    follower = batch_follower(run, job_name, job_names, batch_dir, watches)
+    follower = batch_follower(run, job_name, job_names, batch_dir, watches, kept)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    follower.submit(lambda: admitted.job if admitted else create_batch_jobs(run, manifests))
+    if adopt:
+        follower.adopt()
+    else:
+        follower.submit(lambda: admitted.job if admitted else create_batch_jobs(run, manifests))
     if admitted:  # the Jobs were made before the queue's wait: the clocks take the true moments
         follower.state.submitted(admitted.submitted)
         follower.state.created(admitted.created)
@@ -13653,6 +16022,8 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
+    if entry == run.settings.batches[-1]:
+        begin_cleanup(run)
     wait = wait._replace(
         pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
         events_read=batch.events_read,
@@ -13668,6 +16039,38 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     )
     write_json(client_path, wait.saved())
     return BatchOutcome(entry, summary, wait.saved())
+
+
+def begin_cleanup(run: RunContext) -> None:
+    """--cleanup through the proxy (run.cleanup_ahead): the namespace's deletion begun once the
+    last batch's evidence is read, while its summary is made, since the API server takes a tenth
+    of a second or more to delete a Job; finish_run waits for it (cleaned_up). It cuts a
+    trainer's step by that much (tests/benchmarks/step_benchmark.py)."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not ahead.set_running_or_notify_cancel():
+        return
+
+    def clean() -> None:
+        report = io.StringIO()
+        try:
+            cleanup_namespace(run.kubectl, run.receipt, report=report)
+        except BaseException as error:  # raised where it is waited for
+            ahead.set_exception(error)
+        else:
+            ahead.set_result(report.getvalue())
+
+    threading.Thread(target=clean, name="rl-batch-demo cleanup", daemon=True).start()
+
+
+def cleaned_up(run: RunContext, report: Any) -> None:
+    """The run's namespace deleted (cleanup_namespace), what it said on `report`: waited for
+    when begin_cleanup began it, else done now."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not (ahead.running() or ahead.done()):
+        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        return
+    report.write(ahead.result())
+    report.flush()
 
 
 def save_submitted_jobs(run: RunContext, batch_dir: str, manifests: Sequence[dict]) -> None:
@@ -13697,11 +16100,20 @@ def start_batch_watches(
 
 
 def batch_follower(
-    run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
+    run: RunContext,
+    job_name: str,
+    job_names: Sequence[str],
+    batch_dir: str,
+    watches: WatchStream,
+    kept: Sequence[dict] = (),
 ) -> BatchFollower:
     """What follows the batch, with its reward stream when it is a rollout."""
+    stop_rest = (
+        (lambda: stop_for_groups(run, job_names)) if run.settings.need_groups is not None else None
+    )
+    path = os.path.join(batch_dir, REWARDS_FILE)
     rewards = (
-        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
+        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest, kept)
         if run.settings.rollout
         else None
     )
@@ -13720,6 +16132,27 @@ def batch_follower(
         job_names,
         spare_held=run.owns_process,
     )
+
+
+def stop_for_groups(run: RunContext, job_names: Sequence[str]) -> None:
+    """--need-groups K met: each Job of the batch stamped as stopped by the tool and suspended, so
+    that its controller deletes its running pods and starts no more (the Job's own successPolicy
+    cannot say "K whole groups"). A Job that has ended is stamped alone."""
+    stamp = {"metadata": {"annotations": {NEED_GROUPS_ANNOTATION: str(run.settings.need_groups)}}}
+    for name in job_names:
+        ended = job_finished(run.batch.follower.jobs.seen.get(name) or {}) if run.batch else None
+        patch = stamp if ended else dict(stamp, spec={"suspend": True})
+        run.kubectl.run(
+            ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", json.dumps(patch)],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    if not run.silent:
+        print(
+            f"{run.spelling.setting('need_groups', run.settings.need_groups)} met: the rest of "
+            f"the batch stopped",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def create_batch_jobs(run: RunContext, manifests: Sequence[dict]) -> dict:
@@ -13753,12 +16186,16 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
     any is created: one refused (an invalid image reference) fails the run with none of them made,
     and the namespace made for them, empty of work, deleted."""
     for manifest in manifests:
+        retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
         try:
-            run.kubectl.run(
-                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
-                input_text=json.dumps(manifest),
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-            )
+            if run.kubectl.api is not None:
+                api_create(run.kubectl.api, manifest, retry_until, dry_run=True)
+            else:
+                run.kubectl.run(
+                    ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+                    input_text=json.dumps(manifest),
+                    retry_until=retry_until,
+                )
         except KubectlError as error:
             image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
             raise DemoError(
@@ -13926,6 +16363,8 @@ def close(run: RunContext) -> None:
     if run.proxy is not None:
         run.proxy.close()
     run.pool.shutdown(wait=False)
+    if run.lease is not None:
+        run.lease.release()
 
 
 def load_worker(request: RunRequest) -> tuple[str, bool]:
@@ -13957,6 +16396,9 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         return 0, None
     worker_source, builtin = load_worker(request)
     run = start_run(request, caller, worker_source, builtin)
+    run.tracer = open_tracer(request.otlp_endpoint, run.receipt.run_id)
+    if request.cleanup and run.kubectl.api is not None:
+        run.cleanup_ahead = concurrent.futures.Future()
     cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -13976,10 +16418,24 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure = error
         finally:
             close(run)
-    if failure is None and not request.spelling.python:  # a Python caller has them returned
+    if run.tracer is not None:
+        finish_trace(
+            run.tracer,
+            run.output,
+            None if failure or results is None else results.figures,
+            failure,
+            request.quiet,
+        )
+    if failure is None and results is None:  # --detach: `attach` follows the run
+        say_detached(run)
+        return 0, None
+    if failure is None and results is not None and not request.spelling.python:
+        # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
+    if failure is None and request.pushgateway:
+        push_saved_metrics(run.output, request.pushgateway, run.receipt.run_id)
     finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
-    status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
+    status = EXIT_PARTIAL if results is not None and results.figures.get("accepted_partial") else 0
     if caller.exit_when_done:
         exit_at_once(status)  # while the run is still held: freeing it is what would take the time
     return status, results
@@ -14018,8 +16474,7 @@ def run_settings(
     namespace: str,
     run_id: str = "",
 ) -> Settings:
-    """The run's settings, once, from its request, its episode program, and the context and
-    namespace it runs in (no context for --dry-run)."""
+    """The run's settings, made once from its request, program, context (none: --dry-run), namespace."""
     rollout, tasks = request.rollout, request.tasks or ()
     suffix = run_suffix(run_id) if request.namespace else ""
     batches = batch_names(request.rounds, request.warmup, suffix)
@@ -14052,6 +16507,7 @@ def run_settings(
         allow_failures=request.allow_failures if rollout else None,
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
         need=request.need,
+        need_groups=request.need_groups,
         episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
@@ -14062,6 +16518,7 @@ def run_settings(
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
         shared_namespace=request.namespace is not None,
         queue=request.queue,
+        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
     )
 
 
@@ -14088,7 +16545,10 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
             f"output directory {output} already exists; records are never overwritten, "
             f"choose a new {spelling.name('output')}"
         )
-    kubectl = Kubectl(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
+    # A Python caller runs step after step in one process: its requests go through the
+    # process's one proxy, started once (a kubectl process per request cost most of a step).
+    kind = ProxiedKubectl if spelling.python else Kubectl
+    kubectl = kind(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
     kubectl.context = resolve_context(kubectl, request.context, spelling)
     try:
         os.makedirs(output)
@@ -14099,7 +16559,7 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
     run_id = secrets.token_hex(6)
     namespace = request.namespace or NAMESPACE_PREFIX + run_id
     settings = run_settings(request, worker_source, builtin, kubectl.context, namespace, run_id)
-    return RunContext(
+    run = RunContext(
         settings,
         plan_run(namespace, run_id, settings, worker_source, request.tasks or ()),
         Receipt.start(
@@ -14115,12 +16575,15 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         Progress(request.quiet),
         concurrent.futures.ThreadPoolExecutor(LOG_READERS),
         cpu_seconds(),
+        proxy=shared_proxy(kubectl) if spelling.python else None,
         silent=request.quiet and spelling.python,
         spelling=spelling,
         on_reward=caller.on_reward,
         stop=caller.stop,
         owns_process=not spelling.python,
+        detach=request.detach,
     )
+    return run
 
 
 @contextlib.contextmanager
@@ -14167,7 +16630,7 @@ def cleanup_after_interrupt(run: RunContext) -> str | None:
     """`--cleanup` after an interruption: None once the namespace is gone, else why it is not."""
     report = io.StringIO() if run.silent else sys.stderr
     try:
-        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        cleaned_up(run, report)
     except DemoError as error:
         return str(error)
     except KeyboardInterrupt:
@@ -14204,6 +16667,8 @@ def interruption_message(
     elif run.touched_cluster:
         if not_cleaned is not None:
             lines.append(f"{run.spelling.switch('cleanup')} failed: {not_cleaned}")
+        if run.receipt.fields.get("jobs"):
+            lines.append(f"Attach with: {attach_command(run.output, run.kubectl.binary)}")
         lines.append(f"Clean up with: {cleanup_hint}")
     return "\n".join(lines)
 
@@ -14228,7 +16693,7 @@ def finish_run(
         cleanup = run.spelling.switch("cleanup")
         print(f"Cleaning up ({cleanup}) after {'a failed' if failure else 'the'} run.", file=report)
         try:
-            cleanup_namespace(run.kubectl, run.receipt, report=report)
+            cleaned_up(run, report)
         except DemoError as error:
             # Never let a failed cleanup hide why the run failed or where its evidence is.
             why = (
@@ -14318,7 +16783,7 @@ def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Tas
     """Every object a pool creates: its namespace, the token's Secret, the server's ConfigMap, a
     Job per image (the pool's size shared between them as the episodes are)."""
     settings, namespace = run.settings, run.namespace
-    setup = [network_policy_manifest(namespace)] if shape.harden else []
+    setup = [pool_network_policy_manifest(namespace)] if shape.harden else []
     setup += [
         token_secret_manifest(namespace, token),
         {
@@ -14504,6 +16969,7 @@ class Sandbox:
         self.pool, self.view, self.index, self.task = pool, view, index, task
         self.pod = view.name
         self.claim_wait_seconds, self.warm = waited, warm
+        self.claimed_at = time.time()  # this client's clock, for episodes.csv
         self.commands = 0
         self.command_seconds = 0.0
         self.finished = False
@@ -14520,7 +16986,9 @@ class Sandbox:
     ) -> CommandResult:
         """Run one command (an argv list, or a shell string) in the sandbox and return its result;
         CommandTimeout past `timeout` (it is killed, with all it started); SandboxLost if the pod
-        went away. `retry=True` sends it again once if the request broke before an answer."""
+        went away. `retry=True` sends it again while the pod still runs when the request broke
+        (the API server restarting): only for a command that may run twice, since the broken one
+        may have run."""
         body = command_body(command, timeout, cwd, env, stdin)
         wait = (timeout or 0) + REQUEST_GRACE_SECONDS if timeout else 24 * 3600.0
         started = time.monotonic()
@@ -14602,19 +17070,21 @@ class Sandbox:
         retry: bool,
         query: str = "",
     ) -> ProxyAnswer:
+        """One request; with `retry`, one that broke is sent again (backing off, for up to
+        RETRY_SECONDS) while the watch still shows the pod usable: an API server restarting."""
         if self.lost is not None:
             raise self.lost
-        try:
-            return self.pool.request(self.pod, method, action, body, timeout, query)
-        except SandboxLost as error:
-            if not retry or not self.pool.state.pods[self.pod].usable:
-                self.lost = error
-                raise
-        try:
-            return self.pool.request(self.pod, method, action, body, timeout, query)
-        except SandboxLost as error:
-            self.lost = error
-            raise
+        deadline, pause = time.monotonic() + RETRY_SECONDS, 0.1
+        while True:
+            try:
+                return self.pool.request(self.pod, method, action, body, timeout, query)
+            except SandboxLost as error:
+                usable = self.pool.state.pods[self.pod].usable and not self.pool.state.closed
+                if not retry or not usable or time.monotonic() + pause > deadline:
+                    self.lost = error
+                    raise
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -14648,6 +17118,8 @@ def episode_line(
         "commands": sandbox.commands,
         "command_seconds": rounded(sandbox.command_seconds, 6),
         "warm": sandbox.warm,
+        "claimed_at": rounded(sandbox.claimed_at, 6),
+        "finished_at": rounded(time.time(), 6),
     }
 
 
@@ -14804,7 +17276,12 @@ def close_pool(pool: Pool) -> dict:
     if pool.watch is not None:
         pool.watch.stop()
     pool.probes.shutdown(wait=False, cancel_futures=True)
-    pool.results = pool_results(pool, sandbox_points(pool, pods))
+    points = sandbox_points(pool, pods)
+    pool.results = pool_results(pool, points)
+    write_text(
+        os.path.join(pool.run.output, "episodes.csv"),
+        pool_episodes_csv(pool.records.rewards, points),
+    )
     write_json(os.path.join(pool.run.output, RESULTS_FILE), pool.results)
     pool.results["rewards"] = list(pool.records.rewards)
     return pool.results
@@ -14815,10 +17292,12 @@ def file_query(path: str) -> str:
 
 
 def status_message(answer: ProxyAnswer) -> str:
+    """A refusal in the words of whoever refused: a Status's message, or the proxy's own text."""
     try:
-        return f"{answer.status} {json.loads(answer.body).get('message', '')}"
-    except ValueError:
-        return f"{answer.status}"
+        said = str(json.loads(answer.body).get("message", ""))
+    except (ValueError, AttributeError):
+        said = answer.body[:200].decode("utf-8", "replace").strip()
+    return f"{answer.status} {said}".strip()
 
 
 async def in_thread(work: Callable[[], Result]) -> Result:
@@ -14878,6 +17357,54 @@ def save_pool_evidence(pool: Pool) -> list[dict]:
     return list(pods.get("items") or [])
 
 
+# A pool's episodes.csv: each episode's sandbox start and its own claim, each point as an absolute
+# time with its precision and source, and the phases between them with theirs.
+POOL_POINTS = (
+    ("pod_created", WHOLE_SECOND, "the pod's creationTimestamp"),
+    ("container_started", WHOLE_SECOND, "the kubelet's container status"),
+    ("server_ready", 0.0, "the sandbox server's clock"),
+    ("claimed", 0.0, "the client's clock"),
+    ("finished", 0.0, "the client's clock"),
+)
+POOL_EPISODE_COLUMNS = (
+    ["index", "sandbox", "image", "reward", "warm", "commands", "command_seconds"]
+    + [f"{name}_at" for name, _, _ in POOL_POINTS]
+    + [f"{name}_precision_seconds" for name, _, _ in POOL_POINTS]
+    + [f"{name}_source" for name, _, _ in POOL_POINTS]
+    + ["server_start_seconds", "server_start_precision_seconds", "claim_wait_seconds"]
+    + ["task_id", "failure_class", "failure", "valid"]
+)
+
+
+def pool_episodes_csv(rewards: Sequence[dict], sandboxes: Sequence[dict]) -> str:
+    """episodes.csv of a pool: a row per episode (rewards.jsonl's lines, in index order) with its
+    sandbox's start, `server_ready` and the phase `server_start` (container started to server
+    listening, as precise as the container's start: whole seconds) among them."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(POOL_EPISODE_COLUMNS)
+    started = {point["pod"]: point for point in sandboxes}
+    for line in sorted(rewards, key=lambda line: line["index"]):
+        point = started.get(line["sandbox"]) or {}
+        at = {
+            "pod_created": point.get("pod_created_at"),
+            "container_started": point.get("container_started_at"),
+            "server_ready": point.get("server_ready_at"),
+            "claimed": line.get("claimed_at"),
+            "finished": line.get("finished_at"),
+        }
+        writer.writerow(
+            [line["index"], line["sandbox"], line["image"], line["reward"], line["warm"]]
+            + [line["commands"], line["command_seconds"]]
+            + [at[name] for name, _, _ in POOL_POINTS]
+            + [precision for _, precision, _ in POOL_POINTS]
+            + [source for _, _, source in POOL_POINTS]
+            + [point.get("server_start_seconds"), WHOLE_SECOND, line["claim_wait_seconds"]]
+            + [line.get("task_id"), line["failure_class"], line["failure"], line["valid"]]
+        )
+    return out.getvalue()
+
+
 def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, float | None]:
     ordered = sorted(values)
     figures: dict[str, float | None] = {}
@@ -14901,9 +17428,12 @@ def sandbox_points(pool: Pool, pods: list[dict]) -> list[dict]:
             stamp = (state.get("running") or state.get("terminated") or {}).get("startedAt")
             started = parse_time(stamp) if stamp else started
         ready = view.ready_at if view is not None else None
+        stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+        created = parse_time(stamp) if stamp else None
         points.append(
             {
                 "pod": name,
+                "pod_created_at": created,
                 "container_started_at": started,
                 "container_started_precision_seconds": WHOLE_SECOND,
                 "server_ready_at": ready,
@@ -14933,6 +17463,7 @@ def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
         "context": pool.run.kubectl.context,
         "image": settings.image,
         "runtime": settings.runtime,
+        "prepull": pool.run.prepull,
         "pool": {
             "size": settings.parallelism,
             "episodes": settings.count,
@@ -14992,6 +17523,8 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
         for manifest in run.plan.setup:
             create_object(run, manifest)
         pool.cleanup = request.cleanup
+        if run.settings.prepull:
+            prepull(run)  # the images present on the nodes before any sandbox waits for one
         jobs = run.plan.jobs[POOL_JOB_NAME]
         pool.watch = PodWatch(
             pool.client.socket_path,
@@ -15155,10 +17688,11 @@ def serve_episodes(pool: Pool, turns: Sequence[dict], tasks: Sequence[Task]) -> 
     """Every episode of the pool, `size` at a time, each on a sandbox claimed for it."""
     episodes, size = pool.run.settings.count, pool.run.settings.parallelism
     task_dicts = [json.loads(task.text) for task in tasks]
+    attempts = 1 + (pool.run.settings.retries or 0)
 
     def episode(number: int) -> None:
         task = task_dicts[number % len(task_dicts)] if task_dicts else None
-        for _attempt in range(3):  # a sandbox lost to the cluster is replaced, twice at most
+        for _attempt in range(attempts):  # a sandbox lost to the cluster, replaced (--retries)
             with pool.claim(task) as sandbox:
                 try:
                     sandbox.finish(play_turns(sandbox, turns))
@@ -15189,7 +17723,7 @@ def pool_request(
 ) -> RunRequest:
     """A pool's settings as the request a run takes: `episodes` is its count, `size` its
     parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
-    context, kubectl, harden, cleanup, ttl, quiet, verbose)."""
+    context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose)."""
     return RunRequest(
         output=output,
         count=episodes,
@@ -15208,11 +17742,11 @@ def pool_request(
         tasks_file=None,
         tasks=None if tasks is None else tuple(tasks),
         group_size=1,
-        retries=None,
+        retries=options.get("retries"),
         allow_failures=None,
         need=None,
         episode_timeout=None,
-        prepull=False,
+        prepull=bool(options.get("prepull")),
         pull_timeout=None,
         dry_run=False,
         harden=bool(options.get("harden")),
@@ -15227,7 +17761,7 @@ def pool_request(
 
 def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> int:
     """`pool`: open the pool, play every episode's turns on its sandboxes, close it, and say
-    how it went; exit status 0, or 1 when an episode was lost to the cluster."""
+    how it went; exit status 0, or 1 when an episode was lost to the cluster (past its --retries)."""
     with open_pool_run(request, Caller(), shape) as pool:
         if not request.quiet:
             print(
@@ -15239,8 +17773,9 @@ def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> in
     print(pool_summary(figures, request.output))
     if not request.cleanup:
         print(f"Clean up with: {cleanup_command(request.output, request.kubectl)}", file=sys.stderr)
-    lost = sum(1 for line in figures["rewards"] if line["failure_class"] == "infrastructure")
-    return 1 if lost else 0
+    # A loss played again (--retries) on a fresh sandbox is no episode lost.
+    kept = sum(1 for line in figures["rewards"] if line["failure_class"] != "infrastructure")
+    return 0 if kept >= request.count else 1
 
 
 def pool_summary(figures: dict, output: str) -> str:
@@ -15432,10 +17967,17 @@ def saved_admission(output: str, settings: Settings) -> dict | None:
 
 
 def report(args: argparse.Namespace) -> int:
-    """Recompute and reprint a finished run from its saved files."""
-    print_results(
-        recompute(args.output).figures, args.quiet, os.path.join(args.output, RESULTS_FILE)
-    )
+    """Recompute and reprint a finished run from its saved files; metrics.prom made again from
+    them (and pushed, with --pushgateway)."""
+    results = recompute(args.output)
+    run_id = Receipt.read(args.output).run_id
+    write_metrics(args.output, results.figures, results.batches, run_id)
+    print_results(results.figures, args.quiet, os.path.join(args.output, RESULTS_FILE))
+    if args.pushgateway:
+        push_saved_metrics(args.output, args.pushgateway, run_id)
+    tracer = open_tracer(args.otlp_endpoint, run_id)
+    if tracer is not None:
+        say_export(export_batches(tracer, results.batches, results.figures), args.quiet)
     return 0
 
 
@@ -15452,6 +17994,411 @@ def compare(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/attach.py: `attach`: follow a run whose client is gone, from its receipt, run.json and saved files.
+
+class AttachRequest(NamedTuple):
+    """`attach`'s arguments, from the command line or attach_batch()."""
+
+    output: str
+    force: bool = False
+    kubectl: str = "kubectl"
+    verbose: bool = False
+    quiet: bool = False
+    cleanup: bool = False
+    spelling: Spelling | None = None
+
+
+class FirstFollower(NamedTuple):
+    """What is known of the client that followed the run before: the last moment it is proven
+    alive (its lease renewed, its lock file touched, a line written), and by what."""
+
+    alive_at: float | None
+    evidence: str
+
+
+# Client figures a crash makes unknowable for a batch another client began: why, in client.json.
+UNKNOWN_SUBMISSION = (
+    "the Job was created by the client that stopped: the moments of its create call went with it"
+)
+UNKNOWN_DELIVERIES = (
+    "lines written by the client that stopped: when each was written went with it, and the "
+    "lines written by the attach waited for nobody, so no lag is a client's"
+)
+
+
+def kept_lines(path: str, count: int) -> list[dict]:
+    """The lines a client that is gone wrote to rewards.jsonl: each whole line (a last line
+    torn by the crash is dropped), one per episode index, the first of each kept."""
+    kept: dict[int, dict] = {}
+    for line in read_text(path).splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        index = row.get("index") if isinstance(row, dict) else None
+        if isinstance(index, int) and 0 <= index < count and index not in kept:
+            kept[index] = row
+    return [kept[index] for index in sorted(kept)]
+
+
+def batch_done(batch_dir: str) -> bool:
+    """The batch was followed to its end and summarised: client.json has its last figure."""
+    path = os.path.join(batch_dir, "client.json")
+    if not os.path.exists(path):
+        return False
+    try:
+        return "post_completion_seconds" in read_json(path, "client.json")
+    except DemoError:
+        return False
+
+
+def first_follower(output: str, lease: dict | None) -> FirstFollower:
+    """The latest proof that the client before was alive: its lease's renewal, its lock file's
+    touch, or the last write to rewards.jsonl (each a moment it still ran)."""
+    proofs: list[tuple[float, str]] = []
+    renewed = lease_renewed_at(lease) if lease else None
+    if renewed is not None:
+        proofs.append((renewed, "its lease on the namespace, last renewed"))
+    for name, what in ((LOCK_FILE, "its lock file, last touched"), (REWARDS_FILE, "a line")):
+        for path in [os.path.join(output, name)] + (
+            [os.path.join(root, name) for root, _, files in os.walk(output) if name in files]
+            if name == REWARDS_FILE
+            else []
+        ):
+            try:
+                proofs.append((os.path.getmtime(path), what))
+            except OSError:
+                pass
+    if not proofs:
+        return FirstFollower(None, "nothing it left says when it stopped")
+    at, what = max(proofs)
+    return FirstFollower(at, f"{what}; it stopped after that, within a lease period of it")
+
+
+def claim(
+    request: AttachRequest, kubectl: Kubectl, receipt: Receipt
+) -> tuple[dict | None, str, FirstFollower]:
+    """The run's live namespace (None: gone), this attach's lock file, and what is known of the
+    client before; FollowerBusy when a live follower holds the run (its lease, or its lock)."""
+    live = kubectl.get(
+        "namespace",
+        receipt.namespace,
+        missing_ok=True,
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    if live is not None and not receipt.owns_namespace(live):
+        live = None
+    lease = lease_of(live)
+    why = lease_verdict(lease, this_holder(), time.time(), request.force)
+    if why is not None:
+        raise FollowerBusy(f"{why}; nothing was changed")
+    before = first_follower(request.output, lease)
+    # A lock of another host is replaced only by --force, its lease found stale (or absent).
+    return live, take_lock(request.output, replace_remote=request.force), before
+
+
+def planned_jobs(output: str, entry: BatchEntry) -> list[dict]:
+    """The Jobs of one batch as the run planned them (jobs-planned.json), else as it saved
+    them when it submitted them (job-submitted.json)."""
+    names = set(entry.jobs or (entry.job,))
+    path = os.path.join(output, PLANNED_JOBS_FILE)
+    if os.path.exists(path):
+        items = read_json(path, PLANNED_JOBS_FILE).get("items") or []
+        return [job for job in items if job["metadata"]["name"] in names]
+    submitted_path = os.path.join(output, entry.dir, "job-submitted.json")
+    if not os.path.exists(submitted_path):
+        return []
+    submitted = read_json(submitted_path, "job-submitted.json")
+    return submitted.get("items") if submitted.get("kind") == "List" else [submitted]
+
+
+def attached_context(
+    request: AttachRequest, settings: Settings, receipt: Receipt, kubectl: Kubectl, caller: Caller
+) -> RunContext:
+    """The run's context as its client had it, rebuilt from its files; new lines reach the
+    caller marked `replayed: false`."""
+    plan = RunPlan(
+        {}, [], {entry.job: planned_jobs(request.output, entry) for entry in settings.batches}
+    )
+    on_reward = caller.on_reward
+    saved = read_json(os.path.join(request.output, SETTINGS_FILE), SETTINGS_FILE)
+    python = request.spelling is not None and request.spelling.python
+    run = RunContext(
+        settings,
+        plan,
+        receipt,
+        kubectl,
+        request.output,
+        Progress(request.quiet),
+        concurrent.futures.ThreadPoolExecutor(LOG_READERS),
+        cpu_seconds(),
+        touched_cluster=True,
+        silent=request.quiet and python,
+        on_reward=None if on_reward is None else lambda line: on_reward(dict(line, replayed=False)),
+        stop=caller.stop,
+        owns_process=not python,
+        capacity=saved.get("capacity"),
+    )
+    if request.spelling is not None:
+        run.spelling = request.spelling
+    return run
+
+
+def existing_jobs(run: RunContext, entry: BatchEntry) -> list[dict]:
+    """The batch's Jobs in the cluster now, each recorded in the receipt (a client stopped
+    between a Job's creation and its record left it out); [] when none exists yet."""
+    found = []
+    for name in entry.jobs or (entry.job,):
+        live = run.kubectl.get(
+            "job", name, run.namespace, missing_ok=True, retry_until=time.monotonic() + 30
+        )
+        if live is None:
+            continue
+        if not run.receipt.has_job(name):
+            run.receipt.record_job(name, live["metadata"]["uid"])
+        found.append(live)
+    return found
+
+
+def resume(run: RunContext, jobs: Sequence[dict]) -> list[str]:
+    """Resume each of the batch's Jobs an interrupted client suspended (and not ended)."""
+    resumed = []
+    for job in jobs:
+        if job_finished(job) or not (job.get("spec") or {}).get("suspend"):
+            continue
+        name = job["metadata"]["name"]
+        run.kubectl.run(
+            [
+                "patch",
+                "job",
+                name,
+                "-n",
+                run.namespace,
+                "--type=merge",
+                "-p",
+                SUSPEND_PATCH.replace("true", "false"),
+            ],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+        resumed.append(name)
+    return resumed
+
+
+def replay(lines: Sequence[dict], on_reward: Callable[[dict], None] | None) -> None:
+    """Hand the caller the lines written before the attach, each marked `replayed: true`."""
+    if on_reward is not None:
+        for row in lines:
+            on_reward(dict(row, replayed=True))
+
+
+def attach_batch_step(
+    run: RunContext, entry: BatchEntry, caller: Caller, began: float, before: FirstFollower
+) -> tuple[BatchOutcome, dict | None]:
+    """One batch of the run: recomputed from its files if it was followed to its end, followed
+    if its Jobs exist, else submitted as `run` would. The batch's record of the attach (None
+    when nothing of it was unknown)."""
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    rewards_path = os.path.join(batch_dir, REWARDS_FILE)
+    if batch_done(batch_dir):
+        replay(kept_lines(rewards_path, run.settings.count), caller.on_reward)
+        return load_saved_batch(batch_dir, entry, run.settings), None
+    jobs = existing_jobs(run, entry)
+    gone = [name for name in entry.jobs or (entry.job,) if run.receipt.has_job(name)]
+    gone = [name for name in gone if name not in {job["metadata"]["name"] for job in jobs}]
+    if gone:
+        # Made again, its episodes would run twice: what it did is unknowable instead.
+        raise evidence_gone(run, entry, f"Job {', '.join(gone)} of the receipt is gone")
+    if not jobs:
+        return run_one_batch(run, entry), None
+    kept = kept_lines(rewards_path, run.settings.count) if run.settings.rollout else []
+    ended_before = all(job_finished(job) for job in jobs)
+    resumed = resume(run, jobs)
+    replay(kept, caller.on_reward)
+    outcome = run_one_batch(run, entry, kept, adopt=True)
+    record = {
+        # The client before stopped after this moment (within a lease period of it, if it held one).
+        "first_follower_alive_at": before.alive_at,
+        "first_follower_evidence": before.evidence,
+        "attach_began_at": began,
+        "job_ended_before_attach": ended_before,
+        "resumed_jobs": resumed,
+        "replayed_lines": len(kept),
+    }
+    return mark_unknown(outcome, batch_dir, record, ended_before), record
+
+
+def mark_unknown(
+    outcome: BatchOutcome, batch_dir: str, record: dict, ended_before: bool
+) -> BatchOutcome:
+    """A batch another client began: what its crash made unknowable is None, and client.json
+    says why, never a figure made up."""
+    unknown = {
+        "submitted_at": UNKNOWN_SUBMISSION,
+        "client_job_complete_seconds": UNKNOWN_SUBMISSION,
+        "reward_deliveries": UNKNOWN_DELIVERIES,
+    }
+    if ended_before:
+        unknown["observed_at"] = "the Job ended while no client followed it"
+    client = dict(outcome.client_wait or {})
+    client.update({key: None for key in unknown}, attached=record, unknown=unknown)
+    write_json(os.path.join(batch_dir, "client.json"), client)
+    figures = outcome.summary.figures
+    for key in list(figures):
+        if key.startswith("reward_delivery_lag") or key in (
+            "first_reward_seconds",
+            "kth_reward_seconds",
+        ):
+            figures[key] = None
+    if isinstance(figures.get("reward_delivery"), dict):
+        figures["reward_delivery"]["unknown"] = UNKNOWN_DELIVERIES
+    return outcome._replace(client_wait=client)
+
+
+def evidence_gone(run: RunContext, entry: BatchEntry, what: str) -> DemoError:
+    """The batch's Jobs (or the namespace) are gone from the cluster: nothing can be followed
+    or proven of the episodes without a line. attach.json says what is missing and why."""
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    kept = kept_lines(os.path.join(batch_dir, REWARDS_FILE), run.settings.count)
+    missing = sorted(set(range(run.settings.count)) - {row["index"] for row in kept})
+    write_json(
+        os.path.join(run.output, "attach.json"),
+        {
+            "verdict": "cannot verify",
+            "batch": entry.job,
+            "missing": what,
+            "why": "deleted while no client followed the run (cleanup, cleanup --stale, a TTL, "
+            "or by hand): its pods, logs and events went with it",
+            "lines_kept": len(kept),
+            "episodes_unknown": missing,
+        },
+    )
+    return DemoError(
+        f"cannot verify batch {entry.job}: {what} (deleted while no client followed it); "
+        f"{REWARDS_FILE} keeps the {len(kept)} lines written before its client stopped, and "
+        f"the outcomes of the other {len(missing)} episodes cannot be known; attach.json says so"
+    )
+
+
+def never_started(run: RunContext, live: dict | None) -> DemoError:
+    """The run stopped before its first Job existed: nothing ran; its namespace (proven the
+    run's own) is deleted, else `cleanup` is named."""
+    if live is None:
+        return DemoError(
+            f"the run never started: no Job of it was created and its namespace "
+            f"{run.namespace} is gone; nothing to follow or clean up"
+        )
+    try:
+        cleanup_namespace(run.kubectl, run.receipt, report=io.StringIO())
+    except DemoError as error:
+        return DemoError(
+            f"the run never started: no Job of it was created before its client stopped; "
+            f"its namespace {run.namespace} could not be deleted ({error}); clean up with: "
+            f"{cleanup_command(run.output, run.kubectl.binary)}"
+        )
+    return DemoError(
+        f"the run never started: no Job of it was created before its client stopped; its "
+        f"namespace {run.namespace} held no work and was deleted; run it again"
+    )
+
+
+def finished_results(output: str, settings: Settings, caller: Caller) -> tuple[int, Results]:
+    """A run that wrote results.json: every line replayed, its results as they are."""
+    figures = read_json(os.path.join(output, RESULTS_FILE), RESULTS_FILE)
+    for entry in settings.batches:
+        path = os.path.join(os.path.normpath(os.path.join(output, entry.dir)), REWARDS_FILE)
+        replay(kept_lines(path, settings.count), caller.on_reward)
+    return (EXIT_PARTIAL if figures.get("accepted_partial") else 0), Results(figures, [])
+
+
+def attach_run(request: AttachRequest, caller: Caller) -> tuple[int, Results | None]:
+    """`attach`: follow the run in `request.output` to its end as its client would have, its
+    results saved; the exit status and the results."""
+    began = time.time()
+    receipt = Receipt.read(request.output)
+    settings = Settings.from_saved(
+        read_json(os.path.join(request.output, SETTINGS_FILE), SETTINGS_FILE)
+    )
+    if os.path.exists(os.path.join(request.output, RESULTS_FILE)):
+        return finished_results(request.output, settings, caller)
+    kubectl = Kubectl(find_kubectl(request.kubectl), receipt.context, verbose=request.verbose)
+    require_receipt_context(kubectl, receipt)
+    live, lock_path, before = claim(request, kubectl, receipt)
+    run = attached_context(request, settings, receipt, kubectl, caller)
+    run.lease = FollowerLease(kubectl, receipt, request.output, lock_path, request.force).start()
+    first = settings.batches[0]
+    if live is None and receipt.fields.get("jobs"):
+        close(run)
+        unfinished = [
+            e for e in settings.batches if not batch_done(os.path.join(run.output, e.dir))
+        ]
+        gone = f"the run's namespace {receipt.namespace} is gone"
+        raise evidence_gone(run, (unfinished or [first])[0], gone)
+    if live is None or (not receipt.fields.get("jobs") and not existing_jobs(run, first)):
+        close(run)
+        raise never_started(run, live)
+    return follow_attached(run, request, caller, began, before)
+
+
+def follow_attached(
+    run: RunContext, request: AttachRequest, caller: Caller, began: float, before: FirstFollower
+) -> tuple[int, Results | None]:
+    """Each batch of the attached run in order, then results.json; stopped as `run` stops."""
+    hint = cleanup_command(run.output, run.kubectl.binary)
+    failure: DemoError | None = None
+    results: Results | None = None
+    try:
+        outcomes, records = [], []
+        for entry in run.settings.batches:
+            outcome, record = attach_batch_step(run, entry, caller, began, before)
+            outcomes.append(outcome)
+            records.append(record)
+        results = save_results(run, outcomes)
+        results.figures["attach"] = attach_figures(before, began, records)
+        write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
+    except KeyboardInterrupt:
+        interrupted(run, request.cleanup, hint)
+        return EXIT_INTERRUPTED, None
+    except StreamClosed as closed:
+        interrupted(run, request.cleanup, hint, f"{closed}.")
+        return EXIT_INTERRUPTED, None
+    except RewardCallbackError as error:
+        interrupted(run, request.cleanup, hint, f"{error}; the attach stopped.")
+        raise error.original from None
+    except DemoError as error:
+        failure = error
+    finally:
+        close(run)
+    python = request.spelling is not None and request.spelling.python
+    if failure is None and results is not None and not python:
+        print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
+    finish_run(run, failure, request.cleanup, request.quiet, hint)
+    assert results is not None  # finish_run raised otherwise
+    return (EXIT_PARTIAL if results.figures.get("accepted_partial") else 0), results
+
+
+def attach_figures(before: FirstFollower, began: float, records: Sequence[dict | None]) -> dict:
+    """results.json's `attach`: when the first client was last proven alive, when the attach
+    began, and which batches it picked up (each batch's client.json says what is unknown)."""
+    return {
+        "first_follower_alive_at": before.alive_at,
+        "first_follower_evidence": before.evidence,
+        "attach_began_at": began,
+        "batches_attached": sum(1 for record in records if record is not None),
+        "client": "the attach's own cost; the first client's went with it",
+    }
+
+
+def attach_action(args: Any) -> int:
+    """`attach --output DIR`: the command line's attach."""
+    request = AttachRequest(
+        args.output, args.force, args.kubectl, args.verbose, args.quiet, args.cleanup
+    )
+    return attach_run(request, Caller())[0]
 
 
 # --------------------------------------------------------------------------
@@ -15574,8 +18521,10 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         image_pull_arguments(),
         run_behaviour_arguments(),
         shared_cluster_arguments(),
+        episode_pod_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
+        telemetry_arguments(),
     ]
 
 
@@ -15752,6 +18701,16 @@ def failure_arguments() -> argparse.ArgumentParser:
         "images (each image's Job counts only its own successes). Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
+        "--need-groups",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="with --tasks: end the batch as soon as K tasks' groups are whole, every member "
+        "with a valid line; the tool then stops the rest (it suspends the Jobs), recorded as "
+        "failure_class 'cancelled', and up to count - K x --group-size lost episodes are "
+        "absorbed. 1 <= K < tasks; not with --need or --allow-failures. Needs Kubernetes >= 1.33",
+    )
+    arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
@@ -15812,12 +18771,62 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
         help="after every file is saved, clean up as `cleanup` would (after Ctrl-C too)",
     )
     arguments.add_argument(
+        "--detach",
+        action="store_true",
+        help="create everything, write the receipt, print the namespace and the attach "
+        "command, and return at once (`attach --output DIR` follows the run)",
+    )
+    arguments.add_argument(
         "--ttl",
         type=duration_seconds,
         default=None,
         metavar="DURATION",
         help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
         "by `cleanup --stale`; recorded on its namespace",
+    )
+    return arguments
+
+
+def episode_pod_arguments() -> argparse.ArgumentParser:
+    """What each episode's pod is given: CPU and memory, environment, Secrets, egress."""
+    arguments = argument_set()
+    for flag, what, example, default in (
+        ("--cpu", "CPU", "1 or 250m:1", "100m:500m"),
+        ("--memory", "memory", "512Mi or 256Mi:1Gi", "64Mi:128Mi"),
+    ):
+        arguments.add_argument(
+            flag,
+            default=None,
+            metavar="Q|REQUEST:LIMIT",
+            help=f"each episode's {what}: Q is its "
+            f"request and its limit both, REQUEST:LIMIT sets them apart (e.g. {example}; default: "
+            f"{default}); the capacity check counts the request",
+        )
+    arguments.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="set KEY in each episode's environment; repeatable. Saved in run.json and job.json: "
+        "pass secrets with --env-from-secret",
+    )
+    arguments.add_argument(
+        "--env-from-secret",
+        action="append",
+        default=None,
+        metavar="[NAMESPACE/]NAME",
+        help="each key of your Secret NAME (in NAMESPACE, default the context's) becomes a variable "
+        "of each episode's environment: the run copies it into its own namespace, which goes with "
+        "it; its values are never printed or saved. Needs get on that Secret; repeatable",
+    )
+    arguments.add_argument(
+        "--allow-egress",
+        action="append",
+        default=None,
+        metavar="HOST:PORT|CIDR",
+        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
+        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
+        "nothing else (a NetworkPolicy); repeatable",
     )
     return arguments
 
@@ -15869,6 +18878,15 @@ def pool_shape_arguments() -> argparse.ArgumentParser:
         help="a sandbox asked nothing for S seconds ends, and with it the pool's Job "
         "(default: %(default)s)",
     )
+    arguments.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="an episode whose sandbox was lost to the cluster (its pod deleted, evicted, "
+        "unreachable) is played again from its first turn on a fresh sandbox, up to N times "
+        "(default: %(default)s); each loss keeps its own line in rewards.jsonl",
+    )
     return arguments
 
 
@@ -15884,6 +18902,12 @@ def pool_image_arguments() -> argparse.ArgumentParser:
         help="rewrite image references that start with FROM (repeatable), as `run` does",
     )
     arguments.add_argument("--runtime", default=DEFAULT_RUNTIME, help="default: %(default)s")
+    arguments.add_argument(
+        "--prepull",
+        action="store_true",
+        help="before the pool's Jobs, make each of its images present on every node its "
+        "sandboxes can use, as `run --prepull` does (prepull.json); needs list nodes",
+    )
     return arguments
 
 
@@ -15893,8 +18917,9 @@ def pool_behaviour_arguments() -> argparse.ArgumentParser:
     arguments.add_argument(
         "--harden",
         action="store_true",
-        help="deny all network traffic but the API server's, read-only root filesystem, "
-        "workspace size limit, Pod Security 'restricted'",
+        help="no egress and no ingress but to the sandbox port (the pod proxy's way in; the "
+        "token guards it), read-only root filesystem, workspace size limit, Pod Security "
+        "'restricted'",
     )
     arguments.add_argument(
         "--cleanup", action="store_true", help="after every file is saved, clean up"
@@ -15988,9 +19013,63 @@ def list_format_arguments() -> argparse.ArgumentParser:
     return arguments
 
 
+ATTACH_HELP = (
+    "follow a run whose client is gone (killed, crashed, detached) to its end, from its files"
+)
+
+
+def attach_arguments() -> list[argparse.ArgumentParser]:
+    """`attach`'s arguments: the run, whether to take over a stale lease, the cluster."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--force",
+        action="store_true",
+        help="take over a follower lease not renewed for 3 periods (its client looks gone)",
+    )
+    arguments.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="after every file is saved, clean up as `cleanup` would",
+    )
+    return [
+        run_directory_arguments(),
+        arguments,
+        kubectl_arguments(),
+        quiet_arguments("progress or phase table"),
+        verbose_arguments(),
+    ]
+
+
 def report_arguments() -> list[argparse.ArgumentParser]:
     """`report`'s arguments: the run's directory, and the phase table's --quiet."""
-    return [run_directory_arguments(), quiet_arguments("phase table")]
+    return [run_directory_arguments(), quiet_arguments("phase table"), telemetry_arguments()]
+
+
+def http_url(text: str) -> str:
+    """A collector's or a Pushgateway's URL: http:// or https:// and a host."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"not an http:// or https:// URL: {text!r}")
+    return text
+
+
+def telemetry_arguments() -> argparse.ArgumentParser:
+    """Where the run's traces and metrics go, beside its files (docs/observability.md)."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--otlp-endpoint",
+        type=http_url,
+        metavar="URL",
+        help="export the run's episodes as OpenTelemetry traces over OTLP/HTTP JSON to this "
+        "collector (its /v1/traces; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
+    )
+    arguments.add_argument(
+        "--pushgateway",
+        type=http_url,
+        metavar="URL",
+        help="PUT metrics.prom to this Prometheus Pushgateway, grouped by job and run_id",
+    )
+    return arguments
 
 
 def compare_arguments() -> list[argparse.ArgumentParser]:
@@ -16045,6 +19124,7 @@ def build_parser(
         "-o json",
         list_arguments(),
     )
+    add_action(actions, "attach", ATTACH_HELP, "--output runs/first", attach_arguments())
     add_action(
         actions,
         "report",
@@ -16076,9 +19156,8 @@ def run_request(
         tasks = read_tasks(args.tasks, spelling)
     if args.episode_script is not None:
         check_readable(args.episode_script, spelling.setting("episode_script", args.episode_script))
-    count = args.count
-    if count is None:
-        count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
+    default_count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
+    count = default_count if args.count is None else args.count
     request = RunRequest(
         output=args.output,
         count=count,
@@ -16100,6 +19179,7 @@ def run_request(
         retries=args.retries,
         allow_failures=args.allow_failures,
         need=args.need,
+        need_groups=args.need_groups,
         episode_timeout=args.episode_timeout,
         prepull=args.prepull,
         pull_timeout=args.pull_timeout,
@@ -16109,8 +19189,9 @@ def run_request(
         ttl=args.ttl,
         quiet=args.quiet,
         verbose=args.verbose,
-        namespace=args.namespace,
-        queue=args.queue,
+        **placement_arguments(args),
+        otlp_endpoint=args.otlp_endpoint,
+        pushgateway=args.pushgateway,
         # A trainer calling in always gets its rewards, one row per episode.
         rollout=bool(tasks)
         or args.retries is not None
@@ -16118,9 +19199,28 @@ def run_request(
         or args.need is not None
         or spelling.python,
         spelling=spelling,
+        **pod_arguments(args),
+        detach=args.detach,
     )
     check_run_request(request)
     return request
+
+
+def placement_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """Where a shared cluster wants the run: --namespace, --queue (RunRequest's fields)."""
+    return {"namespace": args.namespace, "queue": args.queue}
+
+
+def pod_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """What each episode's pod is given, as the request holds it (podspec reads them)."""
+    return {
+        "cpu": args.cpu,
+        "memory": args.memory,
+        **{name: tuple(getattr(args, name) or ()) for name in POD_LISTS},
+    }
+
+
+POD_LISTS = ("env", "env_from_secret", "allow_egress")
 
 
 def read_tasks(path: str, spelling: Spelling) -> list[Task]:
@@ -16180,6 +19280,7 @@ def check_run_request(request: RunRequest) -> None:
             f"{name('queue')} needs {name('namespace')}: a Kueue LocalQueue lives in a namespace, "
             f"and a namespace the run makes for itself has none"
         )
+    episode_pod(request)  # --cpu, --memory, --env, --env-from-secret, --allow-egress
 
 
 def check_image_request(request: RunRequest) -> None:
@@ -16243,8 +19344,28 @@ def check_rollout_request(request: RunRequest) -> None:
         )
 
 
+def check_need_groups_request(request: RunRequest) -> None:
+    """--need-groups K: with tasks, 1 <= K < tasks, and neither --need nor --allow-failures (the
+    batch absorbs count - K x group size losses)."""
+    wanted = request.need_groups
+    if wanted is None:
+        return
+    name, say = request.spelling.name, request.spelling.setting
+    if not request.tasks:
+        raise UsageError(f"{name('need_groups')} needs {name('tasks')}: its groups are the tasks'")
+    if wanted >= len(request.tasks):
+        raise UsageError(
+            f"{say('need_groups', wanted)} must be fewer than the {len(request.tasks)} tasks (it "
+            f"over-provisions: run every task's group and keep the first K whole ones)"
+        )
+    for other in ("need", "allow_failures"):
+        if getattr(request, other) is not None:
+            raise UsageError(f"{name('need_groups')} cannot go with {name(other)}")
+
+
 def check_need_request(request: RunRequest) -> None:
     """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
+    check_need_groups_request(request)
     need = request.need
     if need is None:
         return
@@ -16289,6 +19410,8 @@ def pool_command(args: argparse.Namespace) -> int:
         "context": args.context,
         "kubectl": args.kubectl,
         "harden": args.harden,
+        "prepull": args.prepull,
+        "retries": args.retries,
         "cleanup": args.cleanup,
         "ttl": args.ttl,
         "quiet": args.quiet,
@@ -16307,6 +19430,7 @@ POOL_RUN_OPTIONS = (
     "context",
     "kubectl",
     "harden",
+    "prepull",
     "cleanup",
     "ttl",
     "quiet",
@@ -16338,6 +19462,7 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": list_runs,
     "report": report,
     "compare": compare,
+    "attach": attach_action,
 }
 
 
@@ -16397,7 +19522,7 @@ def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int
             args.action_parser.error(str(error))
     elif args.action == "cleanup":
         check_cleanup_arguments(args.action_parser, args)
-    elif args.action == "report":
+    elif args.action in ("report", "attach"):
         check_run_directory(args.action_parser, args)
     try:
         with signals_interrupt():
@@ -16603,6 +19728,8 @@ def batch_arguments(
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
         )
+    if isinstance(keywords.get("env"), dict):  # env={"KEY": "VALUE"}, as os.environ reads
+        keywords = dict(keywords, env=[f"{key}={value}" for key, value in keywords["env"].items()])
     parser = build_parser(RaisingParser)
     args = parser.parse_args(
         dash_values_joined(["run", "--output", os.fspath(output), *options], parser)
@@ -16671,6 +19798,8 @@ def run_batch(
 def batch_run(request: RunRequest, caller: Caller) -> dict:
     """run_batch()'s run of its checked request: the results with `rewards`."""
     status, results = perform_run(request, caller)
+    if request.detach and status == 0 and results is None:
+        return detached_results(request)
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
         raise KeyboardInterrupt
@@ -16680,6 +19809,17 @@ def batch_run(request: RunRequest, caller: Caller) -> dict:
         json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()
     ]
     return saved
+
+
+def detached_results(request: RunRequest) -> dict:
+    """What run_batch(detach=True) returns: where the run is, and how to follow it."""
+    receipt = read_json(os.path.join(request.output, RECEIPT_FILE), RECEIPT_FILE)
+    return {
+        "detached": True,
+        "output": request.output,
+        "namespace": receipt["namespace"],
+        "attach": attach_command(request.output, request.kubectl),
+    }
 
 
 def batch_results(output: str | os.PathLike) -> dict:
@@ -16735,19 +19875,26 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
     each line yielded as it lands; with --dry-run, the listing returned at once."""
     if listing is not None:
         return listing
+    return (yield from threaded_lines(lambda caller: batch_run(request, caller), "stream_batch"))
+
+
+def threaded_lines(work: Callable[[Caller], dict], function: str) -> Generator[dict, None, dict]:
+    """The lines `work` hands its caller's on_reward, yielded as they land from a thread of
+    the tool's, and what it returns as the generator's value; closed early, it stops `work` as
+    Ctrl-C would and waits until it has."""
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
     stop = StopRequest()
     caller = Caller(on_reward=lambda line: lines.put(("line", line)), stop=stop)
 
     def run_in_thread() -> None:
         try:
-            lines.put(("results", batch_run(request, caller)))
+            lines.put(("results", work(caller)))
         except BaseException as error:  # raised again in the reader's thread
             lines.put(("error", error))
 
-    worker = threading.Thread(target=run_in_thread, name="rl-batch-demo stream_batch", daemon=True)
+    worker = threading.Thread(target=run_in_thread, name=f"rl-batch-demo {function}", daemon=True)
     worker.start()
-    why = STREAM_CLOSED
+    why = STREAM_CLOSED.replace("stream_batch", function)
     try:
         while True:
             kind, value = lines.get()
@@ -16762,13 +19909,56 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
         raise
     except BaseException as error:
         if not isinstance(error, GeneratorExit):
-            why = f"stream_batch()'s reader stopped on {type(error).__name__}"
+            why = f"{function}()'s reader stopped on {type(error).__name__}"
         raise
     finally:
         if worker.is_alive():
             # The run stops its pods, saves its evidence and (cleanup) deletes its namespace.
             stop.request(why)
             worker.join()
+
+
+def attach_batch(
+    output: str | os.PathLike,
+    *,
+    force: bool = False,
+    cleanup: bool = True,
+    quiet: bool = True,
+    kubectl: str | os.PathLike = "kubectl",
+    verbose: bool = False,
+) -> Generator[dict, None, dict]:
+    """Follow the run in `output` whose client is gone (killed, crashed, detached), as
+    stream_batch() follows one it starts: a generator yielding every episode's rewards.jsonl
+    line exactly once, first those written before (each marked `replayed: True`), then the
+    rest as they land (`replayed: False`); its return value (StopIteration.value) is what
+    run_batch() returns. A second follower of the same run is refused (FollowerBusy, a
+    DemoError, naming the holder's host and PID); `force=True` takes over a lease not renewed
+    for 3 periods. `cleanup` (default True) deletes the namespace once every file is saved;
+    closing the generator early stops the run as closing stream_batch() does."""
+    if not isinstance(output, (str, os.PathLike)):
+        raise KeywordTypeError(
+            f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
+        )
+    for name, value in (
+        ("force", force),
+        ("cleanup", cleanup),
+        ("quiet", quiet),
+        ("verbose", verbose),
+    ):
+        if not isinstance(value, bool):
+            raise KeywordTypeError(f"{name}= must be bool, got {type(value).__name__} {value!r}")
+    request = AttachRequest(
+        os.fspath(output), force, os.fspath(kubectl), verbose, quiet, cleanup, PYTHON_CALL
+    )
+    return threaded_lines(lambda caller: attached_results(request, caller), "attach_batch")
+
+
+def attached_results(request: AttachRequest, caller: Caller) -> dict:
+    """attach_batch()'s attach of its request: the results with `rewards`."""
+    status, results = attach_run(request, caller)
+    if status not in (0, EXIT_PARTIAL) or results is None:
+        raise KeyboardInterrupt
+    return batch_results(request.output)
 
 
 # open_pool()'s keywords beside its own, with their types: the run settings a pool shares.
@@ -16779,6 +19969,7 @@ POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
     "context": (str, type(None)),
     "kubectl": (str, os.PathLike),
     "harden": (bool,),
+    "prepull": (bool,),
     "cleanup": (bool,),
     "ttl": (int, type(None)),
     "quiet": (bool,),
@@ -16798,8 +19989,8 @@ def open_pool(
 ) -> Pool:
     """Open a pool of `size` live sandboxes serving `episodes` episodes; use it as a context
     manager (closing it saves its records and results, and deletes its namespace unless
-    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, cleanup
-    (default True), ttl (seconds), quiet (default True), verbose.
+    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, prepull,
+    cleanup (default True), ttl (seconds), quiet (default True), verbose.
 
         with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
             with pool.claim(task) as sandbox:

@@ -5,7 +5,8 @@
 
 Finds (or installs) the prerequisites -- bubblewrap, kubectl 1.27/1.33/1.35,
 Python 3.9 and 3.13, the real control plane's binaries (built once with Go,
-see tests/support/build_control_plane.py) and the real node's (kubelet, containerd,
+see tests/support/build_control_plane.py), promtool, the Pushgateway and Jaeger
+(tests/support/build_promtool.py, build_jaeger.py) and the real node's (kubelet, containerd,
 a registry, crane, crictl, built once with Go, and Debian's runc, crun and CNI
 plugins: tests/support/build_node.py) -- makes one virtualenv per Python under tests/.cache/
 with the test extras from pyproject.toml, then runs the linter (ruff) on the
@@ -38,6 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import build_control_plane  # noqa: E402  (needs the path above)
 import build_kueue  # noqa: E402  (needs the path above)
+import build_jaeger  # noqa: E402  (needs the path above)
+import build_promtool  # noqa: E402  (needs the path above)
 import build_node  # noqa: E402  (needs the path above)
 import prereqs  # noqa: E402  (needs the path above)
 
@@ -271,6 +274,27 @@ def check_control_plane(install: bool, missing: list[str]) -> str | None:
         return None
 
 
+def check_go_tools(install: bool, missing: list[str]) -> dict[str, str]:
+    """Build (once) or find promtool and the Pushgateway, and Jaeger: {their env var: bin dir}."""
+    found: dict[str, str] = {}
+    for builder, label in ((build_promtool, "promtool"), (build_jaeger, "jaeger")):
+        if builder.binaries_present():
+            say(f"  {label:<12} {relative(builder.BIN_DIR)} (cached)")
+            found[builder.ENV_VAR] = str(builder.BIN_DIR)
+            continue
+        if not install:
+            missing.append(f"{label} (--no-install: not built)")
+            say(f"  {label:<12} MISSING (not built: --no-install)")
+            continue
+        try:
+            built = builder.ensure_built(log=lambda message, **_: say(f"  {message}"))
+            found[builder.ENV_VAR] = str(built)
+        except builder.BuildError as error:
+            missing.append(f"{label} (see above)")
+            say(f"  {label:<12} CANNOT BUILD: {error}")
+    return found
+
+
 def check_node(install: bool, missing: list[str]) -> str | None:
     """Build (once) or find the real node's binaries (kubelet, containerd, ...) and Debian's runc."""
     if build_node.binaries_present() and not build_node.debian_missing():
@@ -396,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         control_plane = check_control_plane(install, missing)
         node = check_node(install, missing)
         kueue = check_kueue(install, missing)
+        go_tools = check_go_tools(install, missing)
         venvs = check_pythons(tuple(args.python or prereqs.PYTHON_VERSIONS), install, missing)
         if not venvs and not ci:
             here = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -429,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci, node)
     if kueue:
         env["RLDEMO_KUEUE_BIN"] = kueue
+    env.update(go_tools)
     passes = []
     for version, python in venvs.items():
         selection = pytest_args or [

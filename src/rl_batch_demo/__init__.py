@@ -28,25 +28,31 @@ shipped single file holds them in this order, each part opening with its source 
     parse: parsing what the cluster and the episodes said.
     manifests: the objects a run creates, as plain dicts; capacity.
     tenancy: a run in a namespace it shares, and its Jobs queued: names, labels, a queue's quota.
+    podspec: what each episode's pod is given (--cpu, --memory, --env, Secrets, egress), checked.
     timing: what each episode went through: points, bounds, clocks, phases.
     outcomes: verification and classification: every episode's outcome, none dropped.
     summary: the batch's summary: throughput, slots, drafts, the events' index, episodes.csv.
     render: SVG pictures, tables, the comparison.
+    metrics: metrics.prom, the run's figures as OpenMetrics text; the push to a Pushgateway.
+    telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
-    kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
+    kube: the one edge to the cluster: `Kubectl`, `ApiProxy` (shared by a process's runs), paged reads.
     sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.
     watch: watching a batch: its Jobs as one, watches, polling, progress line, logs as pods end.
     follow: following a batch: its state, rewards, the follower, its evidence.
     syntax: an episode script's syntax, checked before it is shipped.
     preflight: what `run` checks and records before it changes the cluster.
     kueue: a shared namespace's objects deleted by UID; Kueue's queues and Workloads as read.
+    secretcopy: --env-from-secret's Secrets read before anything is created, copied once it may be.
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
+    lease: one follower per run: a lock file in its directory, a lease on its namespace.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
     pool: the `pool` action and open_pool(): warm sandboxes claimed, driven and let go.
     report: `report` and `compare`: saved files only, no cluster.
+    attach: `attach`: follow a run whose client is gone, from its receipt, run.json and files.
     cli: the parser, its checks, and `main`.
-    api: `run_batch` and `stream_batch` for Python callers.
+    api: `run_batch`, `stream_batch` and `attach_batch` for Python callers.
 
 A run starts at cli.main() -> run_command() (or run_batch() / stream_batch() from Python)
 -> perform_run(): start_run() makes its Settings and RunPlan; execute() calls its steps
@@ -58,10 +64,11 @@ recomputes the results from the saved files alone (recompute).
 
 from __future__ import annotations
 
-from .api import batch_results, open_pool, run_batch, stream_batch
+from .api import attach_batch, batch_results, open_pool, run_batch, stream_batch
 from .cli import cli, main
 from .constants import __version__
 from .follow import RewardCallbackError
+from .lease import FollowerBusy
 from .kube import KubectlError
 from .sandboxes import CommandResult, CommandTimeout, SandboxLost
 from .model import DemoError, KeywordTypeError, StreamClosed, UsageError, VerificationError
@@ -70,6 +77,7 @@ __all__ = [
     "DemoError",
     "KeywordTypeError",
     "KubectlError",
+    "FollowerBusy",
     "RewardCallbackError",
     "StreamClosed",
     "UsageError",
@@ -79,6 +87,7 @@ __all__ = [
     "SandboxLost",
     "__version__",
     "open_pool",
+    "attach_batch",
     "batch_results",
     "cli",
     "main",

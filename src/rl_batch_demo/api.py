@@ -9,7 +9,13 @@ import queue
 import threading
 from typing import Any, Callable, Generator, NamedTuple, Sequence
 
-from .constants import DEFAULT_IDLE_TIMEOUT_SECONDS, EXIT_PARTIAL, RESULTS_FILE, REWARDS_FILE
+from .constants import (
+    DEFAULT_IDLE_TIMEOUT_SECONDS,
+    EXIT_PARTIAL,
+    RECEIPT_FILE,
+    RESULTS_FILE,
+    REWARDS_FILE,
+)
 from .model import (
     Caller,
     KeywordTypeError,
@@ -20,10 +26,11 @@ from .model import (
     Task,
     UsageError,
 )
-from .files import read_json, read_text
+from .files import attach_command, read_json, read_text
 from .manifests import parse_tasks
 from .run import dry_run_listing, perform_run
 from .pool import Pool, open_pool_run, pool_request
+from .attach import AttachRequest, attach_run
 from .cli import (
     build_parser,
     dash_values_joined,
@@ -217,6 +224,8 @@ def batch_arguments(
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
         )
+    if isinstance(keywords.get("env"), dict):  # env={"KEY": "VALUE"}, as os.environ reads
+        keywords = dict(keywords, env=[f"{key}={value}" for key, value in keywords["env"].items()])
     parser = build_parser(RaisingParser)
     args = parser.parse_args(
         dash_values_joined(["run", "--output", os.fspath(output), *options], parser)
@@ -285,6 +294,8 @@ def run_batch(
 def batch_run(request: RunRequest, caller: Caller) -> dict:
     """run_batch()'s run of its checked request: the results with `rewards`."""
     status, results = perform_run(request, caller)
+    if request.detach and status == 0 and results is None:
+        return detached_results(request)
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
         raise KeyboardInterrupt
@@ -294,6 +305,17 @@ def batch_run(request: RunRequest, caller: Caller) -> dict:
         json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()
     ]
     return saved
+
+
+def detached_results(request: RunRequest) -> dict:
+    """What run_batch(detach=True) returns: where the run is, and how to follow it."""
+    receipt = read_json(os.path.join(request.output, RECEIPT_FILE), RECEIPT_FILE)
+    return {
+        "detached": True,
+        "output": request.output,
+        "namespace": receipt["namespace"],
+        "attach": attach_command(request.output, request.kubectl),
+    }
 
 
 def batch_results(output: str | os.PathLike) -> dict:
@@ -349,19 +371,26 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
     each line yielded as it lands; with --dry-run, the listing returned at once."""
     if listing is not None:
         return listing
+    return (yield from threaded_lines(lambda caller: batch_run(request, caller), "stream_batch"))
+
+
+def threaded_lines(work: Callable[[Caller], dict], function: str) -> Generator[dict, None, dict]:
+    """The lines `work` hands its caller's on_reward, yielded as they land from a thread of
+    the tool's, and what it returns as the generator's value; closed early, it stops `work` as
+    Ctrl-C would and waits until it has."""
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
     stop = StopRequest()
     caller = Caller(on_reward=lambda line: lines.put(("line", line)), stop=stop)
 
     def run_in_thread() -> None:
         try:
-            lines.put(("results", batch_run(request, caller)))
+            lines.put(("results", work(caller)))
         except BaseException as error:  # raised again in the reader's thread
             lines.put(("error", error))
 
-    worker = threading.Thread(target=run_in_thread, name="rl-batch-demo stream_batch", daemon=True)
+    worker = threading.Thread(target=run_in_thread, name=f"rl-batch-demo {function}", daemon=True)
     worker.start()
-    why = STREAM_CLOSED
+    why = STREAM_CLOSED.replace("stream_batch", function)
     try:
         while True:
             kind, value = lines.get()
@@ -376,13 +405,56 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
         raise
     except BaseException as error:
         if not isinstance(error, GeneratorExit):
-            why = f"stream_batch()'s reader stopped on {type(error).__name__}"
+            why = f"{function}()'s reader stopped on {type(error).__name__}"
         raise
     finally:
         if worker.is_alive():
             # The run stops its pods, saves its evidence and (cleanup) deletes its namespace.
             stop.request(why)
             worker.join()
+
+
+def attach_batch(
+    output: str | os.PathLike,
+    *,
+    force: bool = False,
+    cleanup: bool = True,
+    quiet: bool = True,
+    kubectl: str | os.PathLike = "kubectl",
+    verbose: bool = False,
+) -> Generator[dict, None, dict]:
+    """Follow the run in `output` whose client is gone (killed, crashed, detached), as
+    stream_batch() follows one it starts: a generator yielding every episode's rewards.jsonl
+    line exactly once, first those written before (each marked `replayed: True`), then the
+    rest as they land (`replayed: False`); its return value (StopIteration.value) is what
+    run_batch() returns. A second follower of the same run is refused (FollowerBusy, a
+    DemoError, naming the holder's host and PID); `force=True` takes over a lease not renewed
+    for 3 periods. `cleanup` (default True) deletes the namespace once every file is saved;
+    closing the generator early stops the run as closing stream_batch() does."""
+    if not isinstance(output, (str, os.PathLike)):
+        raise KeywordTypeError(
+            f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
+        )
+    for name, value in (
+        ("force", force),
+        ("cleanup", cleanup),
+        ("quiet", quiet),
+        ("verbose", verbose),
+    ):
+        if not isinstance(value, bool):
+            raise KeywordTypeError(f"{name}= must be bool, got {type(value).__name__} {value!r}")
+    request = AttachRequest(
+        os.fspath(output), force, os.fspath(kubectl), verbose, quiet, cleanup, PYTHON_CALL
+    )
+    return threaded_lines(lambda caller: attached_results(request, caller), "attach_batch")
+
+
+def attached_results(request: AttachRequest, caller: Caller) -> dict:
+    """attach_batch()'s attach of its request: the results with `rewards`."""
+    status, results = attach_run(request, caller)
+    if status not in (0, EXIT_PARTIAL) or results is None:
+        raise KeyboardInterrupt
+    return batch_results(request.output)
 
 
 # open_pool()'s keywords beside its own, with their types: the run settings a pool shares.
@@ -393,6 +465,7 @@ POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
     "context": (str, type(None)),
     "kubectl": (str, os.PathLike),
     "harden": (bool,),
+    "prepull": (bool,),
     "cleanup": (bool,),
     "ttl": (int, type(None)),
     "quiet": (bool,),
@@ -412,8 +485,8 @@ def open_pool(
 ) -> Pool:
     """Open a pool of `size` live sandboxes serving `episodes` episodes; use it as a context
     manager (closing it saves its records and results, and deletes its namespace unless
-    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, cleanup
-    (default True), ttl (seconds), quiet (default True), verbose.
+    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, prepull,
+    cleanup (default True), ttl (seconds), quiet (default True), verbose.
 
         with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
             with pool.claim(task) as sandbox:

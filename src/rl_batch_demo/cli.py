@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import urllib.parse
 from typing import Any, Callable, Sequence
 
 from .constants import (
@@ -35,10 +36,12 @@ from .model import (
 from .files import program_name
 from .parse import parse_duration
 from .manifests import image_groups, parallelism_shares, parse_image_map, parse_tasks, rewrite_image
+from .podspec import episode_pod
 from .lifecycle import cleanup, list_runs
 from .run import exit_at_once, run_command, signals_interrupt
 from .pool import pool_request, read_turns, run_pool, GUIDE_TURNS
 from .report import compare, report
+from .attach import attach_action
 
 
 def whole_number(text: str, minimum: int, wanted: str) -> int:
@@ -158,8 +161,10 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         image_pull_arguments(),
         run_behaviour_arguments(),
         shared_cluster_arguments(),
+        episode_pod_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
+        telemetry_arguments(),
     ]
 
 
@@ -336,6 +341,16 @@ def failure_arguments() -> argparse.ArgumentParser:
         "images (each image's Job counts only its own successes). Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
+        "--need-groups",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="with --tasks: end the batch as soon as K tasks' groups are whole, every member "
+        "with a valid line; the tool then stops the rest (it suspends the Jobs), recorded as "
+        "failure_class 'cancelled', and up to count - K x --group-size lost episodes are "
+        "absorbed. 1 <= K < tasks; not with --need or --allow-failures. Needs Kubernetes >= 1.33",
+    )
+    arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
@@ -396,12 +411,62 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
         help="after every file is saved, clean up as `cleanup` would (after Ctrl-C too)",
     )
     arguments.add_argument(
+        "--detach",
+        action="store_true",
+        help="create everything, write the receipt, print the namespace and the attach "
+        "command, and return at once (`attach --output DIR` follows the run)",
+    )
+    arguments.add_argument(
         "--ttl",
         type=duration_seconds,
         default=None,
         metavar="DURATION",
         help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
         "by `cleanup --stale`; recorded on its namespace",
+    )
+    return arguments
+
+
+def episode_pod_arguments() -> argparse.ArgumentParser:
+    """What each episode's pod is given: CPU and memory, environment, Secrets, egress."""
+    arguments = argument_set()
+    for flag, what, example, default in (
+        ("--cpu", "CPU", "1 or 250m:1", "100m:500m"),
+        ("--memory", "memory", "512Mi or 256Mi:1Gi", "64Mi:128Mi"),
+    ):
+        arguments.add_argument(
+            flag,
+            default=None,
+            metavar="Q|REQUEST:LIMIT",
+            help=f"each episode's {what}: Q is its "
+            f"request and its limit both, REQUEST:LIMIT sets them apart (e.g. {example}; default: "
+            f"{default}); the capacity check counts the request",
+        )
+    arguments.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="set KEY in each episode's environment; repeatable. Saved in run.json and job.json: "
+        "pass secrets with --env-from-secret",
+    )
+    arguments.add_argument(
+        "--env-from-secret",
+        action="append",
+        default=None,
+        metavar="[NAMESPACE/]NAME",
+        help="each key of your Secret NAME (in NAMESPACE, default the context's) becomes a variable "
+        "of each episode's environment: the run copies it into its own namespace, which goes with "
+        "it; its values are never printed or saved. Needs get on that Secret; repeatable",
+    )
+    arguments.add_argument(
+        "--allow-egress",
+        action="append",
+        default=None,
+        metavar="HOST:PORT|CIDR",
+        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
+        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
+        "nothing else (a NetworkPolicy); repeatable",
     )
     return arguments
 
@@ -453,6 +518,15 @@ def pool_shape_arguments() -> argparse.ArgumentParser:
         help="a sandbox asked nothing for S seconds ends, and with it the pool's Job "
         "(default: %(default)s)",
     )
+    arguments.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="an episode whose sandbox was lost to the cluster (its pod deleted, evicted, "
+        "unreachable) is played again from its first turn on a fresh sandbox, up to N times "
+        "(default: %(default)s); each loss keeps its own line in rewards.jsonl",
+    )
     return arguments
 
 
@@ -468,6 +542,12 @@ def pool_image_arguments() -> argparse.ArgumentParser:
         help="rewrite image references that start with FROM (repeatable), as `run` does",
     )
     arguments.add_argument("--runtime", default=DEFAULT_RUNTIME, help="default: %(default)s")
+    arguments.add_argument(
+        "--prepull",
+        action="store_true",
+        help="before the pool's Jobs, make each of its images present on every node its "
+        "sandboxes can use, as `run --prepull` does (prepull.json); needs list nodes",
+    )
     return arguments
 
 
@@ -477,8 +557,9 @@ def pool_behaviour_arguments() -> argparse.ArgumentParser:
     arguments.add_argument(
         "--harden",
         action="store_true",
-        help="deny all network traffic but the API server's, read-only root filesystem, "
-        "workspace size limit, Pod Security 'restricted'",
+        help="no egress and no ingress but to the sandbox port (the pod proxy's way in; the "
+        "token guards it), read-only root filesystem, workspace size limit, Pod Security "
+        "'restricted'",
     )
     arguments.add_argument(
         "--cleanup", action="store_true", help="after every file is saved, clean up"
@@ -572,9 +653,63 @@ def list_format_arguments() -> argparse.ArgumentParser:
     return arguments
 
 
+ATTACH_HELP = (
+    "follow a run whose client is gone (killed, crashed, detached) to its end, from its files"
+)
+
+
+def attach_arguments() -> list[argparse.ArgumentParser]:
+    """`attach`'s arguments: the run, whether to take over a stale lease, the cluster."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--force",
+        action="store_true",
+        help="take over a follower lease not renewed for 3 periods (its client looks gone)",
+    )
+    arguments.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="after every file is saved, clean up as `cleanup` would",
+    )
+    return [
+        run_directory_arguments(),
+        arguments,
+        kubectl_arguments(),
+        quiet_arguments("progress or phase table"),
+        verbose_arguments(),
+    ]
+
+
 def report_arguments() -> list[argparse.ArgumentParser]:
     """`report`'s arguments: the run's directory, and the phase table's --quiet."""
-    return [run_directory_arguments(), quiet_arguments("phase table")]
+    return [run_directory_arguments(), quiet_arguments("phase table"), telemetry_arguments()]
+
+
+def http_url(text: str) -> str:
+    """A collector's or a Pushgateway's URL: http:// or https:// and a host."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"not an http:// or https:// URL: {text!r}")
+    return text
+
+
+def telemetry_arguments() -> argparse.ArgumentParser:
+    """Where the run's traces and metrics go, beside its files (docs/observability.md)."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--otlp-endpoint",
+        type=http_url,
+        metavar="URL",
+        help="export the run's episodes as OpenTelemetry traces over OTLP/HTTP JSON to this "
+        "collector (its /v1/traces; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
+    )
+    arguments.add_argument(
+        "--pushgateway",
+        type=http_url,
+        metavar="URL",
+        help="PUT metrics.prom to this Prometheus Pushgateway, grouped by job and run_id",
+    )
+    return arguments
 
 
 def compare_arguments() -> list[argparse.ArgumentParser]:
@@ -629,6 +764,7 @@ def build_parser(
         "-o json",
         list_arguments(),
     )
+    add_action(actions, "attach", ATTACH_HELP, "--output runs/first", attach_arguments())
     add_action(
         actions,
         "report",
@@ -660,9 +796,8 @@ def run_request(
         tasks = read_tasks(args.tasks, spelling)
     if args.episode_script is not None:
         check_readable(args.episode_script, spelling.setting("episode_script", args.episode_script))
-    count = args.count
-    if count is None:
-        count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
+    default_count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
+    count = default_count if args.count is None else args.count
     request = RunRequest(
         output=args.output,
         count=count,
@@ -684,6 +819,7 @@ def run_request(
         retries=args.retries,
         allow_failures=args.allow_failures,
         need=args.need,
+        need_groups=args.need_groups,
         episode_timeout=args.episode_timeout,
         prepull=args.prepull,
         pull_timeout=args.pull_timeout,
@@ -693,8 +829,9 @@ def run_request(
         ttl=args.ttl,
         quiet=args.quiet,
         verbose=args.verbose,
-        namespace=args.namespace,
-        queue=args.queue,
+        **placement_arguments(args),
+        otlp_endpoint=args.otlp_endpoint,
+        pushgateway=args.pushgateway,
         # A trainer calling in always gets its rewards, one row per episode.
         rollout=bool(tasks)
         or args.retries is not None
@@ -702,9 +839,28 @@ def run_request(
         or args.need is not None
         or spelling.python,
         spelling=spelling,
+        **pod_arguments(args),
+        detach=args.detach,
     )
     check_run_request(request)
     return request
+
+
+def placement_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """Where a shared cluster wants the run: --namespace, --queue (RunRequest's fields)."""
+    return {"namespace": args.namespace, "queue": args.queue}
+
+
+def pod_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """What each episode's pod is given, as the request holds it (podspec reads them)."""
+    return {
+        "cpu": args.cpu,
+        "memory": args.memory,
+        **{name: tuple(getattr(args, name) or ()) for name in POD_LISTS},
+    }
+
+
+POD_LISTS = ("env", "env_from_secret", "allow_egress")
 
 
 def read_tasks(path: str, spelling: Spelling) -> list[Task]:
@@ -764,6 +920,7 @@ def check_run_request(request: RunRequest) -> None:
             f"{name('queue')} needs {name('namespace')}: a Kueue LocalQueue lives in a namespace, "
             f"and a namespace the run makes for itself has none"
         )
+    episode_pod(request)  # --cpu, --memory, --env, --env-from-secret, --allow-egress
 
 
 def check_image_request(request: RunRequest) -> None:
@@ -827,8 +984,28 @@ def check_rollout_request(request: RunRequest) -> None:
         )
 
 
+def check_need_groups_request(request: RunRequest) -> None:
+    """--need-groups K: with tasks, 1 <= K < tasks, and neither --need nor --allow-failures (the
+    batch absorbs count - K x group size losses)."""
+    wanted = request.need_groups
+    if wanted is None:
+        return
+    name, say = request.spelling.name, request.spelling.setting
+    if not request.tasks:
+        raise UsageError(f"{name('need_groups')} needs {name('tasks')}: its groups are the tasks'")
+    if wanted >= len(request.tasks):
+        raise UsageError(
+            f"{say('need_groups', wanted)} must be fewer than the {len(request.tasks)} tasks (it "
+            f"over-provisions: run every task's group and keep the first K whole ones)"
+        )
+    for other in ("need", "allow_failures"):
+        if getattr(request, other) is not None:
+            raise UsageError(f"{name('need_groups')} cannot go with {name(other)}")
+
+
 def check_need_request(request: RunRequest) -> None:
     """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
+    check_need_groups_request(request)
     need = request.need
     if need is None:
         return
@@ -873,6 +1050,8 @@ def pool_command(args: argparse.Namespace) -> int:
         "context": args.context,
         "kubectl": args.kubectl,
         "harden": args.harden,
+        "prepull": args.prepull,
+        "retries": args.retries,
         "cleanup": args.cleanup,
         "ttl": args.ttl,
         "quiet": args.quiet,
@@ -891,6 +1070,7 @@ POOL_RUN_OPTIONS = (
     "context",
     "kubectl",
     "harden",
+    "prepull",
     "cleanup",
     "ttl",
     "quiet",
@@ -922,6 +1102,7 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": list_runs,
     "report": report,
     "compare": compare,
+    "attach": attach_action,
 }
 
 
@@ -981,7 +1162,7 @@ def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int
             args.action_parser.error(str(error))
     elif args.action == "cleanup":
         check_cleanup_arguments(args.action_parser, args)
-    elif args.action == "report":
+    elif args.action in ("report", "attach"):
         check_run_directory(args.action_parser, args)
     try:
         with signals_interrupt():

@@ -122,6 +122,13 @@ JOBS_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "jobs-planned"
 
 EPISODES_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "episodes-planned"
 
+# Who follows the run: a lease as Kubernetes leader election keeps one (holder, renew time,
+# duration), as JSON on the run's namespace, renewed every LEASE_RENEW_SECONDS while a client
+# follows; `attach --force` takes over one not renewed for LEASE_STALE_PERIODS periods.
+FOLLOWER_ANNOTATION = ANNOTATION_PREFIX + "follower"
+LEASE_RENEW_SECONDS = 10
+LEASE_STALE_PERIODS = 3
+
 # `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
 USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
 
@@ -136,6 +143,10 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 BATCH_LABEL = ANNOTATION_PREFIX + "batch"
 
 EPISODE_INDEXES_ANNOTATION = ANNOTATION_PREFIX + "episode-indexes"
+
+# What an episode's pod's activeDeadlineSeconds is made of, as the run was given it
+# ("--pull-timeout 60 + --episode-timeout 30"): a pod stopped at its deadline names them.
+DEADLINE_ANNOTATION = ANNOTATION_PREFIX + "deadline"
 
 # --prepull's pods (one per node and image, each running `python -c pass`) carry this label.
 PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
@@ -164,6 +175,13 @@ RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
 
 SETTINGS_FILE = "run.json"
+
+# One follower per output directory: its host, PID and process start, held while it follows.
+LOCK_FILE = "follower.lock"
+
+# Every Job of every batch the run plans, saved before the first is created: what `attach`
+# creates of a run stopped between two batches.
+PLANNED_JOBS_FILE = "jobs-planned.json"
 
 # Kubectl's words for a 404 without a Kubernetes Status naming an object: the
 # server does not know the URL at all (not a Kubernetes API, or not this API group).
@@ -240,6 +258,12 @@ NEED_MIN_SERVER = (1, 33)
 # The reason of a Job's SuccessCriteriaMet (then Complete) condition when its successPolicy was met.
 SUCCESS_POLICY_REASON = "SuccessPolicy"
 
+# --need-groups K: once K whole groups have every member's valid line, the tool stamps each Job of
+# the batch with this annotation (value K) as it suspends it, which stops the rest: such a Job has
+# ended, "Complete", once none of its pods is left running (job_finished).
+NEED_GROUPS_ANNOTATION = ANNOTATION_PREFIX + "need-groups-met"
+NEED_GROUPS_REASON = "NeedGroupsMet"
+
 # The kubelet's reason on a pod that outlived its activeDeadlineSeconds (--episode-timeout).
 POD_DEADLINE_REASON = "DeadlineExceeded"
 
@@ -289,6 +313,9 @@ TOKEN_SECRET = "sandbox-token"
 TOKEN_KEY = "token"
 TOKEN_MOUNT = "/sandbox-token"
 TOKEN_HEADER = "X-Sandbox-Token"
+# Every answer of a sandbox server carries it: an answer without it came from the way there (`kubectl
+# proxy` or the API server, e.g. 500 "connection refused" while the API server restarts).
+ANSWER_HEADER = "X-Sandbox-Answer"
 # What the sandbox server exits with once left idle: the pool's Job fails on it (podFailurePolicy
 # FailJob), so no new pod follows a trainer that went away.
 IDLE_EXIT_CODE = 75

@@ -177,6 +177,12 @@ def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
     return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
 
 
+def attach_command(output: str, kubectl_binary: str = "kubectl") -> str:
+    """The command that picks a run up again, once its client is gone."""
+    extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
+    return f"{program_name()} attach --output {shlex.quote(output)}{extra}"
+
+
 class Receipt:
     """receipt.json: the namespace and Jobs of one run and their UIDs, saved whole at every change.
 

@@ -292,8 +292,12 @@ class RewardStream:
         settings: Settings,
         on_reward: Callable[[dict], None] | None = None,
         stop: StopRequest | None = None,
+        stop_rest: Callable[[], None] | None = None,
+        kept: Sequence[dict] = (),
     ) -> None:
         self.path = path
+        # --need-groups K: called once, as soon as K groups are whole, to stop the rest.
+        self.stop_rest = stop_rest
         self.count = settings.count
         self.settings = settings
         self.images = group_images(settings)
@@ -306,8 +310,14 @@ class RewardStream:
             set()
         )  # an attempt of theirs ended: settled once the log or the Job says so
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
+        # An attach's: the lines a client that is gone wrote, written again and never redelivered.
+        for row in kept:
+            self._handle.write(json.dumps(row) + "\n")
+            self.rows[row["index"]] = row
+        self._handle.flush()
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
+        self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -366,6 +376,7 @@ class RewardStream:
         written = time.time()
         self.rows[index] = row
         self.waiting.discard(index)
+        self._count_group(index, streamed)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
         self.deliveries.append(
             Delivery(
@@ -385,6 +396,18 @@ class RewardStream:
                 # Told once: the lines saved while the run stops are not handed to it again.
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
+
+    def _count_group(self, index: int, streamed: bool) -> None:
+        """Whether the episode's group is whole now; once K are while the batch runs, the rest
+        are stopped (--need-groups K)."""
+        size = self.settings.group_size
+        members = range(index // size * size, index // size * size + size)
+        if all(self.rows.get(member, {}).get("valid") for member in members):
+            self.whole_groups.add(index // size)
+        wanted, stop_rest = self.settings.need_groups, self.stop_rest
+        if streamed and stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
+            self.stop_rest = None
+            stop_rest()
 
     def finish(
         self,
@@ -605,6 +628,12 @@ class BatchFollower:
             raise
         self.state.created(time.time())
         return created
+
+    def adopt(self) -> None:
+        """Follow Jobs another client created (attach): the submission's moment is this
+        client's start, and the state is told none (their creation call's moments are unknown)."""
+        self.progress.new_batch()
+        self.submission = Submission(time.time(), time.monotonic())
 
     def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
@@ -1116,6 +1145,12 @@ class RunContext:
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
     # --queue: each batch's admission (by its directory), as Kueue's Workloads tell it
     admission: dict[str, dict] = dataclasses.field(default_factory=dict)
+    tracer: Any = None  # telemetry.RunTracer with --otlp-endpoint: each batch's spans as it ends
+    # --cleanup through the proxy: begun once the last batch's evidence is read (begin_cleanup),
+    # its report's text the result; unstarted otherwise.
+    cleanup_ahead: concurrent.futures.Future[str] | None = None
+    lease: Any = None  # the FollowerLease this process holds on the run, released by close()
+    detach: bool = False  # --detach: execute() returns once the first batch's Jobs exist
 
     @property
     def namespace(self) -> str:

@@ -4,11 +4,14 @@ in pages.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import copy
 import functools
 import http.client
 import json
 import os
+import queue
 import shlex
 import shutil
 import signal
@@ -36,8 +39,10 @@ from .constants import (
     PR_SET_PDEATHSIG,
     REQUEST_TIMEOUT_SECONDS,
     TRANSIENT_ERROR_MARKERS,
+    UNSERVED_PATH_MESSAGE,
 )
 from .model import DemoError
+from .files import kubeconfig_path
 from .parse import job_finished, pod_name
 
 
@@ -500,6 +505,8 @@ class Kubectl:
     argv is echoed, never what kubectl is given on stdin.
     """
 
+    api: ApiProxy | None = None  # a ProxiedKubectl's proxy (watches go through it too)
+
     def __init__(self, binary: str, context: str | None = None, verbose: bool = False) -> None:
         self.binary = binary
         self.context = context
@@ -757,6 +764,130 @@ def proxy_listens(path: str) -> bool:
         probe.close()
 
 
+class ApiResource(NamedTuple):
+    """Where one kind lives in the API, for the requests the proxy carries in kubectl's stead."""
+
+    prefix: str  # /api/v1, /apis/GROUP/VERSION
+    plural: str
+    kind: str  # the kind of its objects, which a list's items do not carry
+    namespaced: bool
+
+
+# The kinds a run reads, creates and deletes, by the names kubectl is given for them.
+API_RESOURCES = {
+    "namespace": ApiResource("/api/v1", "namespaces", "Namespace", False),
+    "configmap": ApiResource("/api/v1", "configmaps", "ConfigMap", True),
+    "pod": ApiResource("/api/v1", "pods", "Pod", True),
+    "pods": ApiResource("/api/v1", "pods", "Pod", True),
+    "events": ApiResource("/api/v1", "events", "Event", True),
+    "nodes": ApiResource("/api/v1", "nodes", "Node", False),
+    "job": ApiResource("/apis/batch/v1", "jobs", "Job", True),
+    "jobs": ApiResource("/apis/batch/v1", "jobs", "Job", True),
+    "runtimeclass": ApiResource("/apis/node.k8s.io/v1", "runtimeclasses", "RuntimeClass", False),
+    "networkpolicy": ApiResource(
+        "/apis/networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True
+    ),
+}
+# The kinds of the manifests a run creates, by the name kubectl is given for them.
+CREATED_KINDS = {
+    "Namespace": "namespace",
+    "ConfigMap": "configmap",
+    "Job": "job",
+    "NetworkPolicy": "networkpolicy",
+    "Pod": "pod",
+}
+# kubectl's reason for an HTTP answer that carries no Status of its own.
+HTTP_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def resource_path(kind: str, namespace: str | None, name: str | None = None) -> str:
+    """The API path of a kind's collection in a namespace, or of one named object in it."""
+    resource = API_RESOURCES[kind]
+    path = resource.prefix
+    if resource.namespaced and namespace:
+        path += f"/namespaces/{namespace}"
+    path += f"/{resource.plural}"
+    return f"{path}/{name}" if name else path
+
+
+def proxied_list_flags(flags: Sequence[str]) -> bool:
+    """A list's kubectl flags the proxy can say: a label selector and a page size, no more."""
+    rest = list(flags)
+    if rest[:1] == ["-l"]:
+        rest = rest[2:]
+    return all(flag.startswith("--chunk-size=") for flag in rest)
+
+
+def proxied_delete_flags(flags: Sequence[str]) -> bool:
+    """A deletion the proxy can ask for as kubectl would: not waited for, cascading as said."""
+    return "--wait=false" in flags and set(flags) <= {
+        "--wait=false",
+        "--cascade=foreground",
+        "--cascade=background",
+    }
+
+
+def server_error(status: int, body: str, creating: bool = False) -> str:
+    """What kubectl prints on stderr for an API server's answer `status` with `body`, so that an
+    error read through the proxy reads (and is judged: not_found, transient) as kubectl's would."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or answer.get("kind") != "Status":
+        answer = {}
+    message = str(answer.get("message") or "") or (
+        UNSERVED_PATH_MESSAGE if status == 404 else body.strip() or f"HTTP {status}"
+    )
+    reason = str(answer.get("reason") or HTTP_REASONS.get(status, "Unknown"))
+    if reason == "Invalid" and isinstance(answer.get("details"), dict):
+        return invalid_message(answer["details"], message)
+    where = 'error when creating "STDIN": ' if creating else ""
+    return f"Error from server ({reason}): {where}{message}\n"
+
+
+def invalid_message(details: dict, message: str) -> str:
+    """kubectl's words for an object the API server found invalid: its kind and name, then each
+    cause (one on the line, several each on a line of its own)."""
+    causes = [
+        f"{cause.get('field')}: {cause.get('message')}"
+        if cause.get("field")
+        else cause.get("message")
+        for cause in details.get("causes") or []
+        if isinstance(cause, dict)
+    ]
+    said = f"The {details.get('kind')} {json.dumps(details.get('name') or '')} is invalid"
+    if not causes:
+        return f"{said}: {message}\n"
+    if len(causes) == 1:
+        return f"{said}: {causes[0]}\n"
+    return f"{said}: \n" + "".join(f"* {cause}\n" for cause in causes)
+
+
+def status_reason(body: str) -> str | None:
+    """The reason of an API answer that is a Status; None for any other answer."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and answer.get("kind") == "Status":
+        return str(answer.get("reason") or "")
+    return None
+
+
 class ApiProxy:
     """One `kubectl proxy` on a private Unix socket, for the many small reads of a batch.
 
@@ -765,6 +896,8 @@ class ApiProxy:
     about 0.1 s of CPU. Through the proxy each log or list is one local HTTP
     request at the API server's own speed; authentication stays kubectl's.
     """
+
+    owned = True  # False for a view of a shared proxy (shared_proxy): closing it closes nothing
 
     def __init__(self, kubectl: Kubectl) -> None:
         self.kubectl = kubectl
@@ -789,23 +922,74 @@ class ApiProxy:
 
     def _get_once(self, path: str) -> str:
         """GET one API path (bounded by the request timeout); KubectlError unless 200."""
-        separator = "&" if "?" in path else "?"
-        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
-        self.kubectl.echo(f"GET {target}")
-        connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
-        try:
-            connection.request("GET", target)
-            response = connection.getresponse()
-            body = response.read().decode("utf-8", errors="replace")
-        except (OSError, http.client.HTTPException) as error:  # a timeout, or an answer cut off
-            raise KubectlError(f"GET {path}", None, str(error)) from None
-        finally:
-            connection.close()
-        if response.status != 200:
-            raise KubectlError(f"GET {path}", response.status, body)
+        status, body = self.request("GET", path)
+        if status is None:
+            raise KubectlError(f"GET {path}", None, body)
+        if status != 200:
+            raise KubectlError(f"GET {path}", status, body)
         return body
 
+    def request(self, method: str, path: str, body: str | None = None) -> tuple[int | None, str]:
+        """One request (bounded by the request timeout): its status and answer; status None and
+        the error when no answer came (a timeout, or an answer cut off)."""
+        separator = "&" if "?" in path else "?"
+        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
+        self.kubectl.echo(f"{method} {target}")
+        connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            connection.request(method, target, body=body, headers=headers)
+            response = connection.getresponse()
+            text = response.read().decode("utf-8", errors="replace")
+        except (OSError, http.client.HTTPException) as error:
+            return None, str(error)
+        finally:
+            connection.close()
+        return response.status, text
+
+    def call(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        retry_until: float | None,
+        body: str | None = None,
+        absent_ok: bool = False,
+    ) -> str | None:
+        """A request in a kubectl call's stead: its answer, retried as that call would be, failing
+        with the error that call would give (`verb` names it); None for an object not found when
+        `absent_ok`."""
+
+        def once() -> str | None:
+            status, text = self.request(method, path, body)
+            if status is None:
+                raise KubectlError(verb, None, text)
+            if absent_ok and status == 404 and status_reason(text) is not None:
+                return None
+            if not 200 <= status < 300:
+                raise KubectlError(verb, 1, server_error(status, text, method == "POST"))
+            return text
+
+        return self.kubectl.retrying(once, retry_until)  # type: ignore[arg-type]
+
+    def watch(self, path: str, seconds: int, errors: Any) -> ProxyWatch:
+        """A watch of `path` for up to `seconds`, in the shape of the kubectl watch it replaces."""
+        return ProxyWatch(self, path, seconds, errors)
+
+    def alive(self) -> bool:
+        """The proxy runs and listens."""
+        return self.process.poll() is None and proxy_listens(self.socket_path)
+
+    def view(self, kubectl: Kubectl) -> ApiProxy:
+        """This proxy as `kubectl`'s calls use it (their echo, retries and counts); closing the
+        view leaves the proxy running."""
+        seen = copy.copy(self)
+        seen.kubectl, seen.owned = kubectl, False
+        return seen
+
     def close(self) -> None:
+        if not self.owned:
+            return
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -813,6 +997,329 @@ class ApiProxy:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def parsed_object(text: str, verb: str) -> dict:
+    """An API answer's object; DemoError, as for kubectl's output, when it is not one."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DemoError(f"kubectl {verb} printed something that is not JSON")
+    return answer
+
+
+def api_get_object(
+    proxy: ApiProxy,
+    kind: str,
+    name: str,
+    namespace: str | None,
+    missing_ok: bool,
+    retry_until: float | None,
+) -> dict | None:
+    """`kubectl get KIND NAME -o json`, as the object; None when absent and `missing_ok`."""
+    path = resource_path(kind, namespace, name)
+    text = proxy.call(f"get {kind} {name}", "GET", path, retry_until, absent_ok=missing_ok)
+    return None if text is None else parsed_object(text, f"get {kind}")
+
+
+def api_get_list(
+    proxy: ApiProxy,
+    kind: str,
+    namespace: str | None,
+    flags: Sequence[str],
+    retry_until: float | None,
+) -> dict:
+    """`kubectl get KIND [-l SELECTOR] [--chunk-size=N] -o json`: every page, as one List."""
+    selector = flags[1] if flags[:1] == ["-l"] else None
+    sizes = [int(flag.split("=", 1)[1]) for flag in flags if flag.startswith("--chunk-size=")]
+    listing = PagedList(resource_path(kind, namespace), selector, limit=sizes[0] if sizes else 500)
+    while not listing.done:
+        text = proxy.call(f"get {kind}", "GET", listing.next_path(), retry_until)
+        listing.apply(parsed_object(text or "", f"get {kind}"))
+    resource = API_RESOURCES[kind]
+    version = resource.prefix.split("/", 2)[-1]
+    items = [{"apiVersion": version, "kind": resource.kind, **item} for item in listing.items]
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": items,
+        "metadata": {"resourceVersion": ""},
+    }
+
+
+def api_create(
+    proxy: ApiProxy, manifest: dict, retry_until: float | None, dry_run: bool = False
+) -> dict:
+    """`kubectl create -f - -o json` (`dry_run`: with `--dry-run=server`): POSTed to its kind's
+    collection; the object as stored (or as it would be)."""
+    kind = CREATED_KINDS[manifest["kind"]]
+    path = resource_path(kind, (manifest.get("metadata") or {}).get("namespace"))
+    path += "?dryRun=All" if dry_run else ""
+    text = proxy.call("create", "POST", path, retry_until, body=json.dumps(manifest))
+    return parsed_object(text or "", "create")
+
+
+def api_delete(
+    proxy: ApiProxy,
+    kind: str,
+    name: str,
+    namespace: str | None,
+    foreground: bool,
+    retry_until: float | None,
+) -> None:
+    """`kubectl delete KIND NAME --wait=false --ignore-not-found [--cascade=foreground]`."""
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "propagationPolicy": "Foreground" if foreground else "Background",
+    }
+    path = resource_path(kind, namespace, name)
+    proxy.call(
+        f"delete {kind} {name}",
+        "DELETE",
+        path,
+        retry_until,
+        json.dumps(options),
+        absent_ok=True,
+    )
+
+
+def api_whoami(proxy: ApiProxy, retry_until: float | None) -> dict:
+    """`kubectl auth whoami -o json`: the API server's SelfSubjectReview of these credentials."""
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    path = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+    text = proxy.call("auth whoami", "POST", path, retry_until, json.dumps(review))
+    return parsed_object(text or "", "auth whoami")
+
+
+class ProxyWatch:
+    """A watch read through the proxy, in the shape of the `kubectl get -w` process it replaces
+    (stdout, poll, wait, terminate, kill), so that the same reader takes its events. Its request
+    is sent at the first read, in the reader's thread; an answer other than 200 is written to
+    `errors` as kubectl would print it, and the watch ends."""
+
+    def __init__(self, proxy: ApiProxy, path: str, seconds: int, errors: Any) -> None:
+        self.proxy = proxy
+        self.path = f"{path}&timeoutSeconds={max(1, seconds)}"
+        self.errors = errors
+        self.connection = UnixHTTPConnection(proxy.socket_path, seconds + REQUEST_TIMEOUT_SECONDS)
+        self.response: http.client.HTTPResponse | None = None
+        self.returncode: int | None = None
+        self.stdout = self
+
+    def read(self, size: int) -> bytes:
+        """Up to `size` bytes of the watch's events as they come; b"" once it has ended."""
+        try:
+            if self.response is None:
+                if self.returncode is not None:
+                    return b""
+                self.proxy.kubectl.echo(f"GET {self.path}")
+                self.connection.request("GET", self.path)
+                self.response = self.connection.getresponse()
+                if self.response.status != 200:
+                    body = self.response.read().decode("utf-8", errors="replace")
+                    self.errors.write(server_error(self.response.status, body).encode())
+                    self.errors.flush()
+                    self.returncode = 1
+                    return b""
+            return self.response.read1(size) if self.returncode is None else b""
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            # Stopped (terminate: http.client then finds its socket gone under it), or the
+            # connection broke: the watch's end either way.
+            return b""
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = 0
+        self.connection.close()
+        return self.returncode
+
+    def terminate(self) -> None:
+        """Stop the watch: its connection shut, so that a read waiting on it returns."""
+        if self.returncode is None:
+            self.returncode = -signal.SIGTERM
+        sock = self.connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    kill = terminate
+
+
+def kubeconfig_files() -> tuple:
+    """What kubectl's reading of the kubeconfig depends on: $KUBECONFIG, and each file's size
+    and modification time (a file changed, or another named, may name another cluster)."""
+    stamps: list[tuple[str, int | None, int | None]] = []
+    for path in kubeconfig_path().split(os.pathsep):
+        try:
+            status = os.stat(path)
+            stamps.append((path, status.st_mtime_ns, status.st_size))
+        except OSError:
+            stamps.append((path, None, None))
+    return (os.environ.get("KUBECONFIG"), tuple(stamps))
+
+
+class SharedProxies:
+    """One `kubectl proxy` per kubectl binary, context and kubeconfig, kept for the process's
+    life, so that a trainer calling run_batch() or stream_batch() step after step starts no
+    kubectl for its reads, creations, deletions and watches (each kubectl process costs about
+    0.1 s of CPU and as much of the step's time). A proxy whose kubeconfig changed, or that died,
+    is replaced; all are stopped when the process exits (and by the guardian should it be killed).
+
+    Each is started from a thread of its own that lives as long as the process: the kernel's
+    PR_SET_PDEATHSIG, which every kubectl is started with, fires when the thread that started it
+    ends, and stream_batch() runs each batch in a thread that ends with it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proxies: dict[tuple, ApiProxy] = {}
+        self._starts: queue.Queue[tuple[Kubectl, queue.Queue]] = queue.Queue()
+        self._starter: threading.Thread | None = None
+
+    def get(self, kubectl: Kubectl) -> ApiProxy:
+        """The proxy for `kubectl`'s binary, context and kubeconfig, started if there is none alive,
+        as `kubectl` uses it; DemoError when it cannot start."""
+        key = (kubectl.binary, kubectl.context, kubeconfig_files())
+        with self._lock:
+            proxy = self._proxies.get(key)
+            if proxy is None or not proxy.alive():
+                for stale in [k for k in self._proxies if k[:2] == key[:2]]:
+                    self._proxies.pop(stale).close()
+                proxy = self._proxies[key] = self._start(kubectl)
+        return proxy.view(kubectl)
+
+    def _start(self, kubectl: Kubectl) -> ApiProxy:
+        if self._starter is None or not self._starter.is_alive():
+            self._starter = threading.Thread(
+                target=self._serve, name="rl-batch-demo proxies", daemon=True
+            )
+            self._starter.start()
+        answer: queue.Queue[ApiProxy | BaseException] = queue.Queue()
+        self._starts.put((kubectl, answer))  # the proxy's process counted as the caller's
+        started = answer.get()
+        if isinstance(started, BaseException):
+            raise started
+        return started
+
+    def _serve(self) -> None:
+        """The proxies' starter: each proxy asked for, started from this thread, which never ends."""
+        while True:
+            kubectl, answer = self._starts.get()
+            try:
+                answer.put(ApiProxy(kubectl))
+            except BaseException as error:  # handed to the thread that asked
+                answer.put(error)
+
+    def close_all(self) -> None:
+        with self._lock:
+            proxies, self._proxies = list(self._proxies.values()), {}
+        for proxy in proxies:
+            proxy.close()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child starts proxies of its own: its parent's stay the parent's."""
+        self._lock = threading.Lock()
+        self._proxies, self._starts, self._starter = {}, queue.Queue(), None
+
+
+SHARED_PROXIES = SharedProxies()
+atexit.register(SHARED_PROXIES.close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=SHARED_PROXIES.after_fork_in_child)
+
+
+class ProxiedKubectl(Kubectl):
+    """A Kubectl whose reads, creations, deletions and watches go through the process's shared
+    proxy (shared_proxy) where they can: the same requests, answers and errors as kubectl's,
+    without a kubectl process each. What the proxy cannot say, kubectl runs, as without one."""
+
+    def get(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        missing_ok: bool = False,
+        retry_until: float | None = None,
+    ) -> dict | None:
+        if self.api is None or kind not in API_RESOURCES:
+            return super().get(kind, name, namespace, missing_ok, retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, name, namespace, missing_ok),
+            lambda: api_get_object(api, kind, name, namespace, missing_ok, retry_until),
+        )
+
+    def get_list(
+        self, kind: str, namespace: str | None = None, *flags: str, retry_until: float | None = None
+    ) -> dict | None:
+        if self.api is None or kind not in API_RESOURCES or not proxied_list_flags(flags):
+            return super().get_list(kind, namespace, *flags, retry_until=retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, namespace, flags),
+            lambda: api_get_list(api, kind, namespace, flags, retry_until),
+        )
+
+    def create(self, manifest: dict, retry_until: float | None = None) -> dict:
+        if self.api is None or manifest.get("kind") not in CREATED_KINDS:
+            return super().create(manifest, retry_until)
+        return api_create(self.api, manifest, retry_until)
+
+    def delete(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        *flags: str,
+        retry_until: float | None = None,
+    ) -> None:
+        if self.api is None or kind not in API_RESOURCES or not proxied_delete_flags(flags):
+            super().delete(kind, name, namespace, *flags, retry_until=retry_until)
+            return
+        foreground = "--cascade=foreground" in flags
+        api_delete(self.api, kind, name, namespace, foreground, retry_until)
+
+
+# The cluster-wide facts a run reads before it creates anything (its RuntimeClass, the nodes, who
+# its credentials are), kept this long in the process: a trainer's steps, seconds apart, read them
+# once (each read is a request, and the nodes' list a big one on a big cluster). A RuntimeClass
+# deleted meanwhile fails the batch's pods, reported as such, instead of the check before it.
+RECENT_READ_SECONDS = 30.0
+RECENT_KINDS = ("runtimeclass", "nodes", "whoami")
+RECENT_READS: dict[tuple, tuple[float, Any]] = {}
+
+
+def recently_read(kubectl: Kubectl, what: tuple, read: Callable[[], Any]) -> Any:
+    """`read()`, or for a cluster-wide fact (RECENT_KINDS) its answer to the same kubectl, context
+    and kubeconfig within RECENT_READ_SECONDS. A failed read is not kept. Read it, never change it."""
+    if what[0] not in RECENT_KINDS:
+        return read()
+    key = (kubectl.binary, kubectl.context, kubeconfig_files(), what)
+    kept = RECENT_READS.get(key)
+    if kept is not None and time.monotonic() - kept[0] < RECENT_READ_SECONDS:
+        return kept[1]
+    read_at = time.monotonic()
+    value = RECENT_READS[key] = (read_at, read())
+    return value[1]
+
+
+def shared_proxy(kubectl: Kubectl) -> ApiProxy | None:
+    """`kubectl`'s calls given the process's shared proxy (SharedProxies); None, with a warning,
+    when it cannot start (each call then runs a kubectl of its own, as before)."""
+    try:
+        kubectl.api = SHARED_PROXIES.get(kubectl)
+    except DemoError as error:  # e.g. kubectl proxy forbidden here
+        print(f"Warning: {error}; running one kubectl per request", file=sys.stderr)
+        kubectl.api = None
+    return kubectl.api
 
 
 def read_log(

@@ -32,13 +32,17 @@ def wait_gone(
 ) -> dict | None:
     """Poll until the object is gone; return its last state if it is still there at the deadline."""
     deadline = time.monotonic() + seconds
+    # Through the proxy a look costs a local request, not a kubectl process: look again soon
+    # (a Job's foreground deletion takes a tenth of a second or so), then less often.
+    pause = POLL_INTERVAL_SECONDS if kubectl.api is None else 0.02
     while True:
         live = kubectl.get(kind, name, namespace, missing_ok=True, retry_until=deadline)
         if live is None:
             return None
         if time.monotonic() >= deadline:
             return live
-        time.sleep(POLL_INTERVAL_SECONDS)
+        time.sleep(pause)
+        pause = min(pause * 1.5, POLL_INTERVAL_SECONDS)
 
 
 def cleanup_namespace(

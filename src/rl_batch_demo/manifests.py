@@ -4,6 +4,7 @@ run at once on the nodes there are?
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -20,6 +21,7 @@ from .constants import (
     TOKEN_MOUNT,
     TOKEN_SECRET,
     COMPLETION_INDEX_ANNOTATION,
+    DEADLINE_ANNOTATION,
     CONFIGMAP_NAME,
     CONTAINER_NAME,
     DEFAULT_JOB_DEADLINE_SECONDS,
@@ -49,7 +51,16 @@ from .constants import (
     EPISODE_EXIT_RECORDED,
     EPISODE_TIMEOUT_ENV,
 )
-from .model import DemoError, ImageGroup, PoolShape, RolloutPolicy, Task
+from .model import (
+    GUIDE_POD,
+    DemoError,
+    EgressTarget,
+    EpisodePod,
+    ImageGroup,
+    PoolShape,
+    RolloutPolicy,
+    Task,
+)
 from .stats import rounded
 from .parse import (
     EventRecord,
@@ -159,6 +170,23 @@ def network_policy_manifest(namespace: str) -> dict:
         "kind": "NetworkPolicy",
         "metadata": {"name": "deny-all", "namespace": namespace},
         "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+    }
+
+
+def pool_network_policy_manifest(namespace: str) -> dict:
+    """--harden for a pool: no egress at all, and no ingress but to the sandbox server's port.
+    The API server's pod proxy reaches that port from a node's address, which no selector of pods
+    or namespaces names (and a deny-all policy, enforced, would refuse it): the port is open to
+    any source, the run's token keeping out every request but the pool's."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-all-but-sandbox-port", "namespace": namespace},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
+        },
     }
 
 
@@ -469,10 +497,16 @@ def indexed_env(indexed: bool, tasks: dict | None) -> list[dict]:
 
 
 def episode_container(
-    image: str, harden: bool, indexed: bool, tasks: dict | None, launch: Launch | None = None
+    image: str,
+    harden: bool,
+    indexed: bool,
+    tasks: dict | None,
+    launch: Launch | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
-    """The container that runs the episode program: unprivileged, small requests and limits;
-    a rollout's, through EPISODE_LAUNCHER (`launch`)."""
+    """The container that runs the episode program: unprivileged, the requests and limits of `pod`
+    (small by default), its --env after the tool's own and its Secrets' keys (envFrom: the kubelet
+    lets `env` win); a rollout's, through EPISODE_LAUNCHER (`launch`)."""
     security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -486,19 +520,43 @@ def episode_container(
     ]
     if tasks:
         mounts.append({"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
-    return {
+    container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-B", f"/demo/{LAUNCHER_KEY if launch else WORKER_KEY}"],
-        "env": episode_env(indexed, tasks, launch),
+        "env": episode_env(indexed, tasks, launch)
+        + [{"name": key, "value": value} for key, value in pod.env],
         "securityContext": security,
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "128Mi"},
-        },
+        "resources": pod_resources(pod),
         "volumeMounts": mounts,
     }
+    if pod.secrets:
+        container["envFrom"] = [{"secretRef": {"name": secret.name}} for secret in pod.secrets]
+    return container
+
+
+def pod_resources(pod: EpisodePod) -> dict:
+    """A container's requests and limits from --cpu and --memory (the guide's by default)."""
+    return {
+        "requests": {"cpu": pod.cpu[0], "memory": pod.memory[0]},
+        "limits": {"cpu": pod.cpu[1], "memory": pod.memory[1]},
+    }
+
+
+def host_aliases(targets: Sequence[EgressTarget]) -> list[dict]:
+    """Each HOST of --allow-egress pinned to its resolved addresses in the pods' /etc/hosts: the
+    deny-all leaves them no DNS, and the NetworkPolicy lets them reach those addresses alone."""
+    names: dict[str, list[str]] = {}
+    for target in targets:
+        host = target.host
+        if host is None:
+            continue
+        for cidr in target.cidrs:
+            address = str(ipaddress.ip_network(cidr).network_address)
+            if host not in names.setdefault(address, []):
+                names[address].append(host)
+    return [{"ip": address, "hostnames": hostnames} for address, hostnames in names.items()]
 
 
 def episode_pod_spec(
@@ -509,9 +567,11 @@ def episode_pod_spec(
     tasks: dict | None,
     episode_timeout: int | None = None,
     launch: Launch | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
     """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
-    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
+    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started; each
+    host --allow-egress names pinned to its addresses."""
     volumes = [
         {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
         {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
@@ -519,8 +579,10 @@ def episode_pod_spec(
     if tasks:
         volumes.append(tasks)
     deadline = {} if episode_timeout is None else {"activeDeadlineSeconds": episode_timeout}
+    aliases = host_aliases(pod.egress)
     return {
         **deadline,
+        **({"hostAliases": aliases} if aliases else {}),
         "runtimeClassName": runtime,
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -530,7 +592,7 @@ def episode_pod_spec(
             "fsGroup": 1000,
             "runAsNonRoot": True,
         },
-        "containers": [episode_container(image, harden, indexed, tasks, launch)],
+        "containers": [episode_container(image, harden, indexed, tasks, launch, pod)],
         "volumes": volumes,
     }
 
@@ -551,6 +613,8 @@ def job_manifest(
     batch: str | None = None,
     episode_indexes: Sequence[int] | None = None,
     launch: Launch | None = None,
+    deadline_parts: str | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
@@ -559,7 +623,8 @@ def job_manifest(
     (backoffLimitPerIndex), a number of failed episodes the Job tolerates
     (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was; its
     `need` ends the Job once that many episodes succeeded (successPolicy), the rest
-    stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
+    stopped. `episode_timeout` is each pod's activeDeadlineSeconds, `deadline_parts` what it is
+    made of (DEADLINE_ANNOTATION). `pod`: each pod's resources, environment and pinned hosts.
 
     `launch`: a rollout's pods run their episode through EPISODE_LAUNCHER, which records the
     episode's own failure and ends the pod 0, so that only a failure of the infrastructure fails a
@@ -576,9 +641,11 @@ def job_manifest(
         "backoffLimit": 0,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
-            "metadata": episode_pod_metadata(batch, episode_indexes, launch is not None),
+            "metadata": episode_pod_metadata(
+                batch, episode_indexes, launch is not None, deadline_parts
+            ),
             "spec": episode_pod_spec(
-                image, runtime, harden, indexed_mode, tasks, episode_timeout, launch
+                image, runtime, harden, indexed_mode, tasks, episode_timeout, launch, pod
             ),
         },
     }
@@ -588,19 +655,29 @@ def job_manifest(
         # The Job-wide limit would end the batch at its first failure; each episode has its own.
         del spec["backoffLimit"]
         spec.update(rollout_policy_spec(policy))
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if episode_indexes is not None:
-        # The API server copies the template's labels onto a Job only when the Job has none: one
-        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
-        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
+    metadata = job_metadata(namespace, name, batch if episode_indexes is not None else None)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
+def job_metadata(namespace: str, name: str, batch: str | None) -> dict[str, Any]:
+    """A Job's name and namespace; one of batch `batch`'s several Jobs, labelled with it."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if batch is not None:
+        # The API server copies the template's labels onto a Job only when the Job has none: one
+        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
+        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
+    return metadata
+
+
 def episode_pod_metadata(
-    batch: str | None, episode_indexes: Sequence[int] | None, launched: bool = False
+    batch: str | None,
+    episode_indexes: Sequence[int] | None,
+    launched: bool = False,
+    deadline_parts: str | None = None,
 ) -> dict:
     """The labels of every episode's pod; in one of a batch's several Jobs, its batch and the run's
-    episode indexes too; under the launcher, that its episode's own end is recorded in its log."""
+    episode indexes too; under the launcher, that its episode's own end is recorded in its log;
+    with a deadline, what it is made of."""
     metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
     annotations = {}
     if episode_indexes is not None:
@@ -608,6 +685,8 @@ def episode_pod_metadata(
         annotations[EPISODE_INDEXES_ANNOTATION] = index_ranges(episode_indexes)
     if launched:
         annotations[EPISODE_EXIT_ANNOTATION] = EPISODE_EXIT_RECORDED
+    if deadline_parts is not None:
+        annotations[DEADLINE_ANNOTATION] = deadline_parts
     if annotations:
         metadata["annotations"] = annotations
     return metadata

@@ -143,6 +143,83 @@ class RunRequest:
     # --namespace: an existing namespace the run shares (None: a namespace of its own); --queue.
     namespace: str | None = None
     queue: str | None = None
+    # What each episode's pod is given, as the caller wrote it (podspec checks and reads them).
+    cpu: str | None = None
+    memory: str | None = None
+    env: tuple[str, ...] = ()
+    env_from_secret: tuple[str, ...] = ()
+    allow_egress: tuple[str, ...] = ()
+    need_groups: int | None = None  # --need-groups K: the batch ends once K groups are whole
+    otlp_endpoint: str | None = (
+        None  # --otlp-endpoint; None: $OTEL_EXPORTER_OTLP_ENDPOINT's, if any
+    )
+    pushgateway: str | None = None  # --pushgateway
+    detach: bool = False  # create everything, write the receipt, return: `attach` follows it
+
+
+class EgressTarget(NamedTuple):
+    """One --allow-egress, as given (`given`) and as its NetworkPolicy rule holds it: the CIDRs
+    (a HOST's addresses, as the tool resolved them when the run started), and the TCP port (None:
+    every port of a CIDR); `host` is the name a HOST entry pins to those addresses (hostAliases)."""
+
+    given: str
+    cidrs: tuple[str, ...]
+    port: int | None = None
+    host: str | None = None
+
+
+class SecretSource(NamedTuple):
+    """One --env-from-secret: the Secret `name` of `namespace` (None: the context's namespace),
+    copied into the run's namespace under the same name."""
+
+    name: str
+    namespace: str | None = None
+
+
+class EpisodePod(NamedTuple):
+    """What every episode's pod is given beside its program: its CPU and memory as (request,
+    limit) (--cpu, --memory), its environment (--env), Secrets whose keys become its environment
+    (--env-from-secret), and under --harden the only places it may reach (--allow-egress)."""
+
+    cpu: tuple[str, str] = ("100m", "500m")
+    memory: tuple[str, str] = ("64Mi", "128Mi")
+    env: tuple[tuple[str, str], ...] = ()
+    secrets: tuple[SecretSource, ...] = ()
+    egress: tuple[EgressTarget, ...] = ()
+
+    def saved(self) -> dict[str, Any]:
+        """run.json's fields of what differs from the default pod (the guide's resources)."""
+        saved: dict[str, Any] = {}
+        default = EpisodePod()
+        for name in ("cpu", "memory"):
+            if getattr(self, name) != getattr(default, name):
+                saved[name] = dict(zip(("request", "limit"), getattr(self, name)))
+        if self.env:
+            saved["env"] = dict(self.env)
+        if self.secrets:
+            saved["env_from_secret"] = [secret._asdict() for secret in self.secrets]
+        if self.egress:
+            saved["allow_egress"] = [target._asdict() for target in self.egress]
+        return saved
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> EpisodePod:
+        default = cls()
+        cpu, memory = saved.get("cpu"), saved.get("memory")
+        return cls(
+            cpu=(cpu["request"], cpu["limit"]) if cpu else default.cpu,
+            memory=(memory["request"], memory["limit"]) if memory else default.memory,
+            env=tuple((saved.get("env") or {}).items()),
+            secrets=tuple(SecretSource(**each) for each in saved.get("env_from_secret") or ()),
+            egress=tuple(
+                EgressTarget(**dict(each, cidrs=tuple(each["cidrs"])))
+                for each in saved.get("allow_egress") or ()
+            ),
+        )
+
+
+# The guide's episode pod: 100m/64Mi requested, 500m/128Mi the limits, nothing added.
+GUIDE_POD = EpisodePod()
 
 
 class PoolShape(NamedTuple):
@@ -195,6 +272,7 @@ class Settings:
     allow_failures: int | None = None
     task_ids: tuple[str, ...] | None = None
     need: int | None = None
+    need_groups: int | None = None
     episode_timeout: int | None = None
     # An image per task: each task's image (after --image-map, as `image` is), the map itself,
     # the pods' pull deadline, and whether the images are pre-pulled.
@@ -206,9 +284,9 @@ class Settings:
     context: str | None = None
     namespace: str | None = None
     batches: tuple[BatchEntry, ...] = ()
-    # --namespace: the run shares a namespace it did not create; --queue: its Jobs' LocalQueue.
-    shared_namespace: bool = False
-    queue: str | None = None
+    shared_namespace: bool = False  # --namespace: the run shares a namespace it did not make
+    queue: str | None = None  # --queue: its Jobs' Kueue LocalQueue
+    pod: EpisodePod = GUIDE_POD  # --cpu, --memory, --env, --env-from-secret, --allow-egress
 
     def saved(self) -> dict[str, Any]:
         """run.json's fields: the rollout options only for a rollout, --need and --episode-timeout
@@ -242,6 +320,8 @@ class Settings:
             )
         if self.need is not None:
             saved["need"] = self.need
+        if self.need_groups is not None:
+            saved["need_groups"] = self.need_groups
         if self.episode_timeout is not None:
             saved["episode_timeout"] = self.episode_timeout
         if self.rollout and self.task_images is not None:
@@ -252,10 +332,8 @@ class Settings:
             saved["pull_timeout"] = self.pull_timeout
         if self.prepull:
             saved["prepull"] = True
-        if self.shared_namespace:
-            saved["shared_namespace"] = True
-        if self.queue is not None:
-            saved["queue"] = self.queue
+        saved.update(tenancy_saved(self.shared_namespace, self.queue))
+        saved.update(self.pod.saved())
         saved.update(
             {
                 "context": self.context,
@@ -298,6 +376,7 @@ class Settings:
             allow_failures=saved.get("allow_failures"),
             task_ids=None if task_ids is None else tuple(task_ids),
             need=saved.get("need"),
+            need_groups=saved.get("need_groups"),
             episode_timeout=saved.get("episode_timeout"),
             context=saved["context"],
             namespace=saved["namespace"],
@@ -311,9 +390,19 @@ class Settings:
             image_map=tuple((saved.get("image_map") or {}).items()),
             pull_timeout=saved.get("pull_timeout"),
             prepull=bool(saved.get("prepull")),
-            shared_namespace=bool(saved.get("shared_namespace")),
-            queue=saved.get("queue"),
+            **tenancy_fields(saved),
+            pod=EpisodePod.from_saved(saved),
         )
+
+
+def tenancy_saved(shared_namespace: bool, queue: str | None) -> dict[str, Any]:
+    """run.json's --namespace and --queue: only for a run in a namespace it shares."""
+    return {"shared_namespace": True, "queue": queue} if shared_namespace else {}
+
+
+def tenancy_fields(saved: dict[str, Any]) -> dict[str, Any]:
+    """run.json's --namespace and --queue as Settings' fields (absent: a namespace of its own)."""
+    return {"shared_namespace": bool(saved.get("shared_namespace")), "queue": saved.get("queue")}
 
 
 def saved_entry(entry: BatchEntry) -> dict[str, Any]:

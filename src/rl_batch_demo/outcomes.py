@@ -14,10 +14,10 @@ from .constants import (
     CANCELLED,
     COMPLETION_INDEX_ANNOTATION,
     EPISODE_EXIT_ANNOTATION,
+    DEADLINE_ANNOTATION,
     EPISODE_EXIT_EVENT,
     EPISODE_EXIT_RECORDED,
     EPISODE_INDEXES_ANNOTATION,
-    EPISODE_TIMEOUT_SLACK_SECONDS,
     FAILURE_CLASSES,
     INDEX_FAILURE_COUNT_ANNOTATION,
     INDEX_IGNORED_FAILURE_COUNT_ANNOTATION,
@@ -32,6 +32,7 @@ from .model import Settings, VerificationError
 from .stats import percentile, rounded
 from .parse import (
     EventRecord,
+    cancelled_by_tool,
     condition,
     condition_true,
     container_image,
@@ -42,6 +43,7 @@ from .parse import (
     parse_time,
     pod_name,
     pod_warnings,
+    run_wide_indexes,
 )
 from .timing import EpisodeDraft, WHOLE_SECOND, worker_time
 
@@ -235,12 +237,20 @@ def classify_attempt(
 
 
 def job_cut_short(job: dict | None) -> bool:
-    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    """The Job's successPolicy (--need) was met, or the tool stopped it once --need-groups was:
+    every episode still running is stopped."""
+    if cancelled_by_tool(job or {}):
+        return True
     for kind in ("SuccessCriteriaMet", "Complete"):
         entry = condition(job or {}, kind)
         if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
             return True
     return False
+
+
+def cut_short_by(job: dict | None) -> str:
+    """What cut the batch short (job_cut_short): the flag, as a cancelled episode's line names it."""
+    return "--need-groups" if cancelled_by_tool(job or {}) else "--need"
 
 
 def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
@@ -373,7 +383,7 @@ def succeeded_pod(
             # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
             return (
                 CANCELLED,
-                f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                f"cancelled: {cut_short_by(job)} was met while it ran (it exited 0 before a complete "
                 f"reward: {str(error).split(': ', 1)[-1]})",
             )
         end = job_end_reason(job)
@@ -399,9 +409,9 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
         # Stopped (or about to be) by the Job because enough episodes had succeeded.
         return (
             CANCELLED,
-            "cancelled: --need was met while it ran"
+            f"cancelled: {cut_short_by(job)} was met while it ran"
             if started
-            else "cancelled: --need was met before its container started",
+            else f"cancelled: {cut_short_by(job)} was met before its container started",
         )
     if status.get("reason") == POD_DEADLINE_REASON:
         return past_pod_deadline(pod, started)
@@ -420,26 +430,33 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
 
 def past_pod_deadline(pod: dict, started: bool) -> tuple[str | None, str | None]:
     """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started,
-    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop)."""
+    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop). The
+    message names what the deadline was made of, as the run was given it (DEADLINE_ANNOTATION)."""
     limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    parts = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEADLINE_ANNOTATION)
+    # A pod of a run that did not record them: its activeDeadlineSeconds alone.
+    made_of = parts or "its pod's activeDeadlineSeconds"
     if started and exit_recorded(pod):
+        if "--episode-timeout" in made_of:
+            why = (
+                f"not by its launcher at the episode's own --episode-timeout: a slow start "
+                f"(image {container_image(pod)})"
+            )
+        else:
+            why = "the episode still running then"
         return "infrastructure", (
             f"stopped at its pod's deadline of {limit} s from its start on the node "
-            f"(--pull-timeout, and --episode-timeout plus {EPISODE_TIMEOUT_SLACK_SECONDS} s to "
-            f"start, as given), not by its launcher at the episode's own --episode-timeout: a "
-            f"slow start (image {container_image(pod)}), or without --episode-timeout an "
-            f"episode still running then"
+            f"({made_of}), {why}"
         )
     if started:
         return (
             "episode",
             f"ran out of time: still running {limit} s after its pod started (its deadline: "
-            f"--episode-timeout, plus --pull-timeout, as given)",
+            f"{made_of})",
         )
     return "infrastructure", (
         f"container never started within its pod's deadline of {limit} s from its "
-        f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
-        f"not pulled and started by then"
+        f"start ({made_of}): image {container_image(pod)} not pulled and started by then"
     )
 
 
@@ -619,7 +636,7 @@ def episode_row(
         row["image"] = images[group] if group < len(images) else None
     row["group"] = group
     if not attempts:
-        row.update(never_created(job))
+        row.update(never_created(job, index))
         return row
     outcomes = [
         (
@@ -639,11 +656,32 @@ def episode_row(
     return row
 
 
-def never_created(job: dict) -> dict[str, Any]:
-    """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
+def never_created(job: dict, index: int | None = None) -> dict[str, Any]:
+    """The outcome of an episode with no pod to read: cancelled, or stopped by the Job's end; or,
+    when the Job counts its index as done, a pod that is gone (deleted before its outcome was
+    read: a client that was not following, a suspension): what it did cannot be verified."""
+    counted = next(
+        (
+            word
+            for field, word in (("completedIndexes", "succeeded"), ("failedIndexes", "failed"))
+            if index is not None and index in run_wide_indexes(job, field)
+        ),
+        None,
+    )
+    if counted is not None:
+        return {
+            "pod": None,
+            "attempts": None,
+            "reward": None,
+            "failure_class": "infrastructure",
+            "valid": False,
+            "failure": f"cannot verify: the Job counts this episode {counted}, but its pod is "
+            f"gone (deleted before its outcome was read), its log and reward with it",
+            "evidence": "job.json",
+        }
     if job_cut_short(job):
         failure_class = CANCELLED
-        failure = "cancelled: --need was met before this episode's pod was created"
+        failure = f"cancelled: {cut_short_by(job)} was met before this episode's pod was created"
     else:
         failure_class = "infrastructure"
         failure = (
@@ -723,6 +761,8 @@ def failure_settled(job: dict | None, index: int) -> bool:
     """The Job will not run this index again: it counts it among its failed indexes, or it has
     ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
     status = (job or {}).get("status") or {}
+    if cancelled_by_tool(job or {}):  # stopped by the tool (--need-groups): nothing more will run
+        return True
     if any(
         condition_true(job or {}, kind)
         for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
@@ -879,8 +919,9 @@ def attempt_figures(rows: Sequence[dict]) -> dict:
     ]
     final = [row["failure_class"] for row in rows]
     return {
-        "attempts_total": sum(row["attempts"] for row in rows),
-        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
+        # An episode whose pod is gone (never_created) has attempts unknown: None, not counted.
+        "attempts_total": sum(row["attempts"] or 0 for row in rows),
+        "episodes_retried": sum(1 for row in rows if (row["attempts"] or 0) > 1),
         "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
         "final": {
             "succeeded": final.count(None),

@@ -9,7 +9,13 @@ import json
 import re
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
-from .constants import BATCH_LABEL, CONTAINER_NAME, DURATION_UNITS, EPISODE_INDEXES_ANNOTATION
+from .constants import (
+    BATCH_LABEL,
+    CONTAINER_NAME,
+    DURATION_UNITS,
+    EPISODE_INDEXES_ANNOTATION,
+    NEED_GROUPS_ANNOTATION,
+)
 from .files import ENCODED_ITEMS_A_PIECE
 
 
@@ -130,11 +136,23 @@ def condition_true(obj: dict, kind: str) -> bool:
 
 
 def job_finished(job: dict) -> str | None:
-    """ "Complete" or "Failed" once the Job controller has said so, else None."""
+    """ "Complete" or "Failed" once the Job controller has said so, else None. A Job the tool
+    stopped once --need-groups was met is "Complete" once none of its pods is left running,
+    whatever its controller concluded of the pods that stopping deleted."""
+    if cancelled_by_tool(job):
+        status = job.get("status") or {}
+        stopped = any(condition_true(job, kind) for kind in ("Suspended", "Complete", "Failed"))
+        # Its pods still terminating are stopped all the same: the batch is over.
+        return "Complete" if stopped and not status.get("active") else None
     for kind in ("Complete", "Failed"):
         if condition_true(job, kind):
             return kind
     return None
+
+
+def cancelled_by_tool(job: dict) -> bool:
+    """The tool stopped the Job's remaining episodes once --need-groups was met."""
+    return NEED_GROUPS_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {})
 
 
 def job_episode_indexes(job: dict) -> list[int] | None:
@@ -179,10 +197,20 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
             "creationTimestamp": first_creation(jobs),
             "resourceVersion": newest_version(jobs),
             "labels": {BATCH_LABEL: batch},
+            **merged_annotations(jobs),
         },
         "spec": merged_spec(jobs),
         "status": merged_status(jobs, expected),
     }
+
+
+def merged_annotations(jobs: Sequence[dict]) -> dict[str, Any]:
+    """Of the Jobs' annotations, the one that says the tool stopped them (--need-groups)."""
+    for job in jobs:
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        if NEED_GROUPS_ANNOTATION in annotations:
+            return {"annotations": {NEED_GROUPS_ANNOTATION: annotations[NEED_GROUPS_ANNOTATION]}}
+    return {}
 
 
 def first_creation(jobs: Sequence[dict]) -> str | None:
@@ -240,11 +268,18 @@ def merged_end(jobs: Sequence[dict], ends: Sequence[str | None]) -> list[dict]:
     """The conditions of Jobs that have all ended: Complete (and SuccessCriteriaMet) as the latest
     says if every one completed, else Failed as the first that failed says, at the latest end."""
     if all(end == "Complete" for end in ends):
+        suspended = [
+            condition(job, "Suspended") for job in jobs if condition_true(job, "Suspended")
+        ]
         return [
             c
             for c in (
                 latest_condition(jobs, "SuccessCriteriaMet"),
                 latest_condition(jobs, "Complete"),
+                # Those the tool stopped (--need-groups): the last of them to be.
+                max(suspended, key=lambda c: parse_time((c or {}).get("lastTransitionTime")) or 0.0)
+                if suspended
+                else None,
             )
             if c is not None
         ]

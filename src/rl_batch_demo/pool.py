@@ -4,6 +4,8 @@ trainer that drives each turn by turn; the run's records, as any run's."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import http.client
 import concurrent.futures
 import dataclasses
@@ -36,10 +38,10 @@ from .parse import parse_time
 from .timing import WHOLE_SECOND
 from .files import cleanup_command, write_json, write_text
 from .manifests import (
-    network_policy_manifest,
     namespace_manifest,
     parallelism_shares,
     pool_job_manifest,
+    pool_network_policy_manifest,
     rewrite_image,
     token_secret_manifest,
 )
@@ -48,6 +50,7 @@ from .sandboxes import (
     PROBE_INTERVAL_SECONDS,
     PROBE_MOST_SECONDS,
     REQUEST_GRACE_SECONDS,
+    RETRY_SECONDS,
     CommandResult,
     CommandTimeout,
     PodView,
@@ -63,7 +66,15 @@ from .sandboxes import (
 from .follow import RunContext
 from .preflight import check_capacity, check_runtime_class, save_run_records
 from .lifecycle import cleanup_namespace
-from .run import close, create_namespace, create_object, open_proxy, start_run, stamp_origin
+from .run import (
+    close,
+    create_namespace,
+    create_object,
+    open_proxy,
+    prepull,
+    start_run,
+    stamp_origin,
+)
 
 Result = TypeVar("Result")
 # Claims wait this long by default for a sandbox to turn warm.
@@ -107,7 +118,7 @@ def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Tas
     """Every object a pool creates: its namespace, the token's Secret, the server's ConfigMap, a
     Job per image (the pool's size shared between them as the episodes are)."""
     settings, namespace = run.settings, run.namespace
-    setup = [network_policy_manifest(namespace)] if shape.harden else []
+    setup = [pool_network_policy_manifest(namespace)] if shape.harden else []
     setup += [
         token_secret_manifest(namespace, token),
         {
@@ -293,6 +304,7 @@ class Sandbox:
         self.pool, self.view, self.index, self.task = pool, view, index, task
         self.pod = view.name
         self.claim_wait_seconds, self.warm = waited, warm
+        self.claimed_at = time.time()  # this client's clock, for episodes.csv
         self.commands = 0
         self.command_seconds = 0.0
         self.finished = False
@@ -309,7 +321,9 @@ class Sandbox:
     ) -> CommandResult:
         """Run one command (an argv list, or a shell string) in the sandbox and return its result;
         CommandTimeout past `timeout` (it is killed, with all it started); SandboxLost if the pod
-        went away. `retry=True` sends it again once if the request broke before an answer."""
+        went away. `retry=True` sends it again while the pod still runs when the request broke
+        (the API server restarting): only for a command that may run twice, since the broken one
+        may have run."""
         body = command_body(command, timeout, cwd, env, stdin)
         wait = (timeout or 0) + REQUEST_GRACE_SECONDS if timeout else 24 * 3600.0
         started = time.monotonic()
@@ -391,19 +405,21 @@ class Sandbox:
         retry: bool,
         query: str = "",
     ) -> ProxyAnswer:
+        """One request; with `retry`, one that broke is sent again (backing off, for up to
+        RETRY_SECONDS) while the watch still shows the pod usable: an API server restarting."""
         if self.lost is not None:
             raise self.lost
-        try:
-            return self.pool.request(self.pod, method, action, body, timeout, query)
-        except SandboxLost as error:
-            if not retry or not self.pool.state.pods[self.pod].usable:
-                self.lost = error
-                raise
-        try:
-            return self.pool.request(self.pod, method, action, body, timeout, query)
-        except SandboxLost as error:
-            self.lost = error
-            raise
+        deadline, pause = time.monotonic() + RETRY_SECONDS, 0.1
+        while True:
+            try:
+                return self.pool.request(self.pod, method, action, body, timeout, query)
+            except SandboxLost as error:
+                usable = self.pool.state.pods[self.pod].usable and not self.pool.state.closed
+                if not retry or not usable or time.monotonic() + pause > deadline:
+                    self.lost = error
+                    raise
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -437,6 +453,8 @@ def episode_line(
         "commands": sandbox.commands,
         "command_seconds": rounded(sandbox.command_seconds, 6),
         "warm": sandbox.warm,
+        "claimed_at": rounded(sandbox.claimed_at, 6),
+        "finished_at": rounded(time.time(), 6),
     }
 
 
@@ -593,7 +611,12 @@ def close_pool(pool: Pool) -> dict:
     if pool.watch is not None:
         pool.watch.stop()
     pool.probes.shutdown(wait=False, cancel_futures=True)
-    pool.results = pool_results(pool, sandbox_points(pool, pods))
+    points = sandbox_points(pool, pods)
+    pool.results = pool_results(pool, points)
+    write_text(
+        os.path.join(pool.run.output, "episodes.csv"),
+        pool_episodes_csv(pool.records.rewards, points),
+    )
     write_json(os.path.join(pool.run.output, RESULTS_FILE), pool.results)
     pool.results["rewards"] = list(pool.records.rewards)
     return pool.results
@@ -604,10 +627,12 @@ def file_query(path: str) -> str:
 
 
 def status_message(answer: ProxyAnswer) -> str:
+    """A refusal in the words of whoever refused: a Status's message, or the proxy's own text."""
     try:
-        return f"{answer.status} {json.loads(answer.body).get('message', '')}"
-    except ValueError:
-        return f"{answer.status}"
+        said = str(json.loads(answer.body).get("message", ""))
+    except (ValueError, AttributeError):
+        said = answer.body[:200].decode("utf-8", "replace").strip()
+    return f"{answer.status} {said}".strip()
 
 
 async def in_thread(work: Callable[[], Result]) -> Result:
@@ -667,6 +692,54 @@ def save_pool_evidence(pool: Pool) -> list[dict]:
     return list(pods.get("items") or [])
 
 
+# A pool's episodes.csv: each episode's sandbox start and its own claim, each point as an absolute
+# time with its precision and source, and the phases between them with theirs.
+POOL_POINTS = (
+    ("pod_created", WHOLE_SECOND, "the pod's creationTimestamp"),
+    ("container_started", WHOLE_SECOND, "the kubelet's container status"),
+    ("server_ready", 0.0, "the sandbox server's clock"),
+    ("claimed", 0.0, "the client's clock"),
+    ("finished", 0.0, "the client's clock"),
+)
+POOL_EPISODE_COLUMNS = (
+    ["index", "sandbox", "image", "reward", "warm", "commands", "command_seconds"]
+    + [f"{name}_at" for name, _, _ in POOL_POINTS]
+    + [f"{name}_precision_seconds" for name, _, _ in POOL_POINTS]
+    + [f"{name}_source" for name, _, _ in POOL_POINTS]
+    + ["server_start_seconds", "server_start_precision_seconds", "claim_wait_seconds"]
+    + ["task_id", "failure_class", "failure", "valid"]
+)
+
+
+def pool_episodes_csv(rewards: Sequence[dict], sandboxes: Sequence[dict]) -> str:
+    """episodes.csv of a pool: a row per episode (rewards.jsonl's lines, in index order) with its
+    sandbox's start, `server_ready` and the phase `server_start` (container started to server
+    listening, as precise as the container's start: whole seconds) among them."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(POOL_EPISODE_COLUMNS)
+    started = {point["pod"]: point for point in sandboxes}
+    for line in sorted(rewards, key=lambda line: line["index"]):
+        point = started.get(line["sandbox"]) or {}
+        at = {
+            "pod_created": point.get("pod_created_at"),
+            "container_started": point.get("container_started_at"),
+            "server_ready": point.get("server_ready_at"),
+            "claimed": line.get("claimed_at"),
+            "finished": line.get("finished_at"),
+        }
+        writer.writerow(
+            [line["index"], line["sandbox"], line["image"], line["reward"], line["warm"]]
+            + [line["commands"], line["command_seconds"]]
+            + [at[name] for name, _, _ in POOL_POINTS]
+            + [precision for _, precision, _ in POOL_POINTS]
+            + [source for _, _, source in POOL_POINTS]
+            + [point.get("server_start_seconds"), WHOLE_SECOND, line["claim_wait_seconds"]]
+            + [line.get("task_id"), line["failure_class"], line["failure"], line["valid"]]
+        )
+    return out.getvalue()
+
+
 def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, float | None]:
     ordered = sorted(values)
     figures: dict[str, float | None] = {}
@@ -690,9 +763,12 @@ def sandbox_points(pool: Pool, pods: list[dict]) -> list[dict]:
             stamp = (state.get("running") or state.get("terminated") or {}).get("startedAt")
             started = parse_time(stamp) if stamp else started
         ready = view.ready_at if view is not None else None
+        stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+        created = parse_time(stamp) if stamp else None
         points.append(
             {
                 "pod": name,
+                "pod_created_at": created,
                 "container_started_at": started,
                 "container_started_precision_seconds": WHOLE_SECOND,
                 "server_ready_at": ready,
@@ -722,6 +798,7 @@ def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
         "context": pool.run.kubectl.context,
         "image": settings.image,
         "runtime": settings.runtime,
+        "prepull": pool.run.prepull,
         "pool": {
             "size": settings.parallelism,
             "episodes": settings.count,
@@ -781,6 +858,8 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
         for manifest in run.plan.setup:
             create_object(run, manifest)
         pool.cleanup = request.cleanup
+        if run.settings.prepull:
+            prepull(run)  # the images present on the nodes before any sandbox waits for one
         jobs = run.plan.jobs[POOL_JOB_NAME]
         pool.watch = PodWatch(
             pool.client.socket_path,
@@ -944,10 +1023,11 @@ def serve_episodes(pool: Pool, turns: Sequence[dict], tasks: Sequence[Task]) -> 
     """Every episode of the pool, `size` at a time, each on a sandbox claimed for it."""
     episodes, size = pool.run.settings.count, pool.run.settings.parallelism
     task_dicts = [json.loads(task.text) for task in tasks]
+    attempts = 1 + (pool.run.settings.retries or 0)
 
     def episode(number: int) -> None:
         task = task_dicts[number % len(task_dicts)] if task_dicts else None
-        for _attempt in range(3):  # a sandbox lost to the cluster is replaced, twice at most
+        for _attempt in range(attempts):  # a sandbox lost to the cluster, replaced (--retries)
             with pool.claim(task) as sandbox:
                 try:
                     sandbox.finish(play_turns(sandbox, turns))
@@ -978,7 +1058,7 @@ def pool_request(
 ) -> RunRequest:
     """A pool's settings as the request a run takes: `episodes` is its count, `size` its
     parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
-    context, kubectl, harden, cleanup, ttl, quiet, verbose)."""
+    context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose)."""
     return RunRequest(
         output=output,
         count=episodes,
@@ -997,11 +1077,11 @@ def pool_request(
         tasks_file=None,
         tasks=None if tasks is None else tuple(tasks),
         group_size=1,
-        retries=None,
+        retries=options.get("retries"),
         allow_failures=None,
         need=None,
         episode_timeout=None,
-        prepull=False,
+        prepull=bool(options.get("prepull")),
         pull_timeout=None,
         dry_run=False,
         harden=bool(options.get("harden")),
@@ -1016,7 +1096,7 @@ def pool_request(
 
 def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> int:
     """`pool`: open the pool, play every episode's turns on its sandboxes, close it, and say
-    how it went; exit status 0, or 1 when an episode was lost to the cluster."""
+    how it went; exit status 0, or 1 when an episode was lost to the cluster (past its --retries)."""
     with open_pool_run(request, Caller(), shape) as pool:
         if not request.quiet:
             print(
@@ -1028,8 +1108,9 @@ def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> in
     print(pool_summary(figures, request.output))
     if not request.cleanup:
         print(f"Clean up with: {cleanup_command(request.output, request.kubectl)}", file=sys.stderr)
-    lost = sum(1 for line in figures["rewards"] if line["failure_class"] == "infrastructure")
-    return 1 if lost else 0
+    # A loss played again (--retries) on a fresh sandbox is no episode lost.
+    kept = sum(1 for line in figures["rewards"] if line["failure_class"] != "infrastructure")
+    return 0 if kept >= request.count else 1
 
 
 def pool_summary(figures: dict, output: str) -> str:

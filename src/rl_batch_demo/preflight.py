@@ -19,7 +19,7 @@ from .constants import (
 from .model import COMMAND_LINE, DemoError, Settings, Spelling
 from .files import write_json
 from .manifests import capacity_plan, capacity_warning
-from .kube import Kubectl, KubectlError
+from .kube import Kubectl, KubectlError, api_whoami, kubeconfig_files, recently_read
 from .follow import RunContext
 
 
@@ -28,8 +28,12 @@ def current_user(kubectl: Kubectl) -> str:
     (a SelfSubjectReview), else, where the server or kubectl has none, the context's user
     in the kubeconfig."""
     try:
-        review = kubectl.get_json(
-            ["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        api = kubectl.api
+        review = (
+            kubectl.get_json(["auth", "whoami"], retry_until=retry_until)
+            if api is None
+            else recently_read(kubectl, ("whoami",), lambda: api_whoami(api, retry_until))
         )
         username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
         if isinstance(username, str) and username:
@@ -81,8 +85,21 @@ def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None
         )
 
 
+# The contexts resolve_context found, by kubectl, the context asked for and the kubeconfig files as
+# they were then: the same files give the same answer, without a kubectl process each step.
+RESOLVED_CONTEXTS: dict[tuple, str] = {}
+
+
 def resolve_context(kubectl: Kubectl, wanted: str | None, spelling: Spelling = COMMAND_LINE) -> str:
     """The context every later call names: --context if it exists, else the current one."""
+    key = (kubectl.binary, wanted, kubeconfig_files())
+    if key not in RESOLVED_CONTEXTS:
+        RESOLVED_CONTEXTS[key] = context_named(kubectl, wanted, spelling)
+    return RESOLVED_CONTEXTS[key]
+
+
+def context_named(kubectl: Kubectl, wanted: str | None, spelling: Spelling) -> str:
+    """resolve_context's answer, asked of kubectl."""
     if wanted:
         try:
             named = kubectl.run(
@@ -132,12 +149,13 @@ def save_run_json(run: RunContext) -> None:
 def check_runtime_class(run: RunContext) -> None:
     """The RuntimeClass exists; the first contact with the cluster, so it also says whether it answers."""
     runtime, context = run.settings.runtime, run.kubectl.context
+    # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
+    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
-        # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
-        run.kubectl.run(
-            ["get", "runtimeclass", runtime, "-o", "name"],
-            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
-        )
+        if run.kubectl.api is not None:
+            run.kubectl.get("runtimeclass", runtime, retry_until=retry_until)
+        else:
+            run.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"], retry_until=retry_until)
     except KubectlError as error:
         if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
             raise DemoError(

@@ -16,6 +16,8 @@ from .timing import split_observed
 from .outcomes import Delivery, episode_rows, group_images
 from .summary import BatchSummary, summarise_batch
 from .render import compare_table
+from .metrics import push_saved_metrics, write_metrics
+from .telemetry import export_batches, open_tracer, say_export
 from .watch import saved_batch_job
 from .results import (
     BatchOutcome,
@@ -193,10 +195,17 @@ def saved_admission(output: str, settings: Settings) -> dict | None:
 
 
 def report(args: argparse.Namespace) -> int:
-    """Recompute and reprint a finished run from its saved files."""
-    print_results(
-        recompute(args.output).figures, args.quiet, os.path.join(args.output, RESULTS_FILE)
-    )
+    """Recompute and reprint a finished run from its saved files; metrics.prom made again from
+    them (and pushed, with --pushgateway)."""
+    results = recompute(args.output)
+    run_id = Receipt.read(args.output).run_id
+    write_metrics(args.output, results.figures, results.batches, run_id)
+    print_results(results.figures, args.quiet, os.path.join(args.output, RESULTS_FILE))
+    if args.pushgateway:
+        push_saved_metrics(args.output, args.pushgateway, run_id)
+    tracer = open_tracer(args.otlp_endpoint, run_id)
+    if tracer is not None:
+        say_export(export_batches(tracer, results.batches, results.figures), args.quiet)
     return 0
 
 

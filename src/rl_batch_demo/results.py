@@ -18,6 +18,7 @@ from .constants import (
     RESULTS_FILE,
     REWARDS_FILE,
     SUCCESS_POLICY_REASON,
+    NEED_GROUPS_REASON,
     VALID_CLASSES,
 )
 from .model import BatchEntry, COMMAND_LINE, DemoError, Settings, Spelling, VerificationError
@@ -25,6 +26,7 @@ from .stats import describe, rounded
 from .files import write_json, write_text
 from .parse import (
     EventRecord,
+    cancelled_by_tool,
     condition,
     container_status,
     count_image_cache,
@@ -58,6 +60,7 @@ from .summary import (
     throughput,
 )
 from .render import cdf_svg, plural, ramp_svg, timeline_sample, timeline_svg, timeline_title
+from .metrics import write_metrics
 from .follow import BatchEvidence, Evidence, RunContext
 
 
@@ -271,7 +274,13 @@ def say_rollout_outcome(
     need = batch.spelling.setting("need", settings.need)
     losses = [row for row in failures if is_loss(row)]
     own = [row for row in failures if not is_loss(row)]
-    if settings.need is not None:
+    if settings.need_groups is not None:
+        need = batch.spelling.setting("need_groups", settings.need_groups)
+        print(
+            f"{need} met: {cancelled} of {count} episodes cancelled, {len(losses)} lost",
+            file=sys.stderr,
+        )
+    elif settings.need is not None:
         print(
             f"{need} met: {count - cancelled - len(failures)} of {count} episodes succeeded, "
             + (f"{len(own)} failed on their own (valid), " if own else "")
@@ -281,7 +290,9 @@ def say_rollout_outcome(
         )
     if losses:
         accepted = (
-            f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
+            f"Failures within {need}"
+            if settings.need is not None or settings.need_groups is not None
+            else "Accepted a partial batch"
         )
         print(
             "\n  ".join(
@@ -333,6 +344,7 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
         results.figures["throughput"],
         results.figures.get("admission"),
     )
+    write_metrics(run.output, results.figures, results.batches, run.receipt.run_id)
     return results
 
 
@@ -410,7 +422,10 @@ def summarise_rollout(
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     need = settings.need
     allowed = len(rows) - need if need is not None else settings.allow_failures or 0
+    if settings.need_groups is not None:
+        allowed = len(rows) - settings.need_groups * settings.group_size
     check_rollout_accepted(rows, need, allowed, spelling)
+    check_groups_whole(rows, settings, spelling)
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(
@@ -434,7 +449,36 @@ def summarise_rollout(
         rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
     )
     summary.figures["images"] = image_figures(summary.episodes, rows)
+    if settings.need_groups is not None:  # the losses it absorbs make no partial batch
+        summary.figures.update(need_groups=settings.need_groups, accepted_partial=False)
     return summary
+
+
+def whole_groups(rows: Sequence[dict], group_size: int) -> list[int]:
+    """The groups whose every member has a valid line."""
+    return [
+        start // group_size
+        for start in range(0, len(rows), group_size)
+        if all(row["valid"] for row in rows[start : start + group_size])
+    ]
+
+
+def check_groups_whole(rows: Sequence[dict], settings: Settings, spelling: Spelling) -> None:
+    """--need-groups K: DemoError when fewer than K groups are whole."""
+    wanted = settings.need_groups
+    whole = whole_groups(rows, settings.group_size)
+    if wanted is not None and len(whole) < wanted:
+        losses = [row for row in rows if is_loss(row)]
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(whole)} of {len(rows) // settings.group_size} groups have every "
+                    f"member's valid line, fewer than {spelling.setting('need_groups', wanted)} "
+                    f"({len(losses)} episodes lost: {failures_said(losses) or 'none'})"
+                ]
+                + failure_lines(losses)
+            )
+        )
 
 
 def check_rollout_accepted(
@@ -496,6 +540,7 @@ ROLLOUT_FIELDS = (
     "pod_to_ready_censored",
     "job_end",
     "need",
+    "need_groups",
     "cancelled_episodes",
     "first_reward_seconds",
     "kth_reward_seconds",
@@ -546,8 +591,9 @@ def rollout_figures(
         **group_summary_figures(rows, group_size),
         "job_end": {
             "condition": job_finished(job),
-            "reason": job_end_reason(job)
-            or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
+            "reason": NEED_GROUPS_REASON
+            if cancelled_by_tool(job)
+            else job_end_reason(job) or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
         },
     }
     if need is not None:

@@ -20,6 +20,7 @@ from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
 
 from .constants import (
     EPISODE_TIMEOUT_SLACK_SECONDS,
+    NEED_GROUPS_ANNOTATION,
     CALL_TIMEOUT_SECONDS,
     CLIENT_GRACE_SECONDS,
     DEADLINE_GROWS_ABOVE_EPISODES,
@@ -32,6 +33,7 @@ from .constants import (
     NAMESPACE_PREFIX,
     PREPULL_FILE,
     PREPULL_LABEL,
+    PLANNED_JOBS_FILE,
     PREPULL_POLL_SECONDS,
     RECEIPT_FILE,
     RESULTS_FILE,
@@ -57,7 +59,7 @@ from .model import (
     Task,
 )
 from .stats import rounded
-from .files import Receipt, cleanup_command, kubeconfig_path, write_json
+from .files import Receipt, attach_command, cleanup_command, kubeconfig_path, write_json
 from .parse import (
     EventRecord,
     count_image_cache,
@@ -89,7 +91,18 @@ from .manifests import (
 )
 from .summary import BatchSummary, EpisodeDrafts, held_objects_spared
 from .render import phase_tables, plural, printed_results, throughput_line
-from .kube import ApiProxy, INTERRUPTS, Kubectl, KubectlError, PodReading
+from .metrics import push_saved_metrics
+from .telemetry import finish_trace, open_tracer
+from .kube import (
+    ApiProxy,
+    INTERRUPTS,
+    Kubectl,
+    KubectlError,
+    PodReading,
+    ProxiedKubectl,
+    api_create,
+    shared_proxy,
+)
 from .watch import BatchJobs, WatchStream, pod_terminal
 from .follow import (
     BatchEvidence,
@@ -101,6 +114,7 @@ from .follow import (
     RunContext,
 )
 from .syntax import check_episode_syntax
+from .podspec import egress_policy_manifest, episode_pod, resolve_egress, secret_copy_manifest
 from .preflight import (
     check_capacity,
     check_runtime_class,
@@ -122,6 +136,8 @@ from .results import (
 from .lifecycle import cleanup_namespace
 from .kueue import admit_batch, check_queue, check_shared_namespace, complete_shared_receipt
 from .tenancy import queued_job, run_suffix, shared_jobs, shared_setup, stamped_jobs
+from .secretcopy import filled, read_secrets
+from .lease import FollowerLease, take_lock
 
 
 def default_timeout(count: int, parallelism: int) -> int:
@@ -148,6 +164,9 @@ def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
     if settings.need is not None:
         return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.need_groups is not None:  # the tool stops the rest itself, once K are whole
+        lost = settings.count - settings.need_groups * settings.group_size
+        return RolloutPolicy(settings.retries or 0, lost)
     if settings.retries is None and settings.allow_failures is None:
         return None
     return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
@@ -174,6 +193,21 @@ def pod_deadline(settings: Settings) -> int | None:
     return sum(known) if known else None
 
 
+def pod_deadline_parts(settings: Settings) -> str | None:
+    """What each pod's deadline (pod_deadline) is made of: the flags given, with their values."""
+    parts = [
+        f"{flag} {seconds}"
+        for flag, seconds in (
+            ("--pull-timeout", settings.pull_timeout),
+            ("--episode-timeout", settings.episode_timeout),
+        )
+        if seconds is not None
+    ]
+    if settings.rollout and settings.episode_timeout is not None:
+        parts.append(f"{EPISODE_TIMEOUT_SLACK_SECONDS} s for the pod to start")
+    return " + ".join(parts) or None
+
+
 def episode_launch(settings: Settings) -> Launch | None:
     """How a rollout's pods run their episode: through the launcher, with --episode-timeout."""
     return Launch(timeout=settings.episode_timeout) if settings.rollout else None
@@ -196,6 +230,8 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
         launch=episode_launch(settings),
+        deadline_parts=pod_deadline_parts(settings),
+        pod=settings.pod,
     )
 
 
@@ -238,6 +274,8 @@ def batch_jobs(
             batch=name,
             episode_indexes=group.indexes,
             launch=episode_launch(settings),
+            deadline_parts=pod_deadline_parts(settings),
+            pod=settings.pod,
         )
         for number, (group, share) in enumerate(zip(groups, shares), start=1)
     ]
@@ -254,6 +292,10 @@ def plan_run(
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
+    if settings.pod.egress:
+        setup.append(egress_policy_manifest(namespace, settings.pod.egress))
+    # Planned without their data: the Secrets are read when the run starts (secretcopy).
+    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -301,9 +343,11 @@ def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> 
     )
 
 
-def execute(run: RunContext) -> Results:
+def execute(run: RunContext) -> Results | None:
     """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
     save_run_records(run)
+    # The run's one follower, once its receipt is there: its lock file, then its lease.
+    run.lease = FollowerLease(run.kubectl, run.receipt, run.output, take_lock(run.output)).start()
     check_runtime_class(run)
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
@@ -312,15 +356,21 @@ def execute(run: RunContext) -> Results:
         check_queue(run)  # the queue's quota, not the nodes, holds the batch
     else:
         check_capacity(run)
+    secrets_read = read_secrets(run)  # --env-from-secret: held in memory alone
     stamp_origin(run)
+    save_planned_jobs(run)
     create_namespace(run)
     for manifest in run.plan.setup:
-        created = create_object(run, manifest)
+        created = create_object(run, filled(manifest, secrets_read))
         if run.receipt.shared:  # its UID saved before the next object is made
             metadata = created["metadata"]
             run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
+    secrets_read.clear()
     if run.settings.prepull:
         prepull(run)
+    if run.detach:
+        submit_detached(run)
+        return None
     outcomes: list[BatchOutcome] = []
     for entry in run.settings.batches:
         for earlier in outcomes[-1:]:  # its drafted rows wait in memory, not in an open file
@@ -328,6 +378,8 @@ def execute(run: RunContext) -> Results:
                 spool.hold_in_memory()
         with held_objects_spared(run.owns_process):
             outcomes.append(run_one_batch(run, entry))
+        if run.tracer is not None:
+            run.tracer.batch_done(entry.job, outcomes[-1].summary, entry.measured)
     return save_results(run, outcomes)
 
 
@@ -349,6 +401,30 @@ def stamp_origin(run: RunContext) -> None:
             planned_work(run.plan.jobs),
         )
     )
+
+
+def submit_detached(run: RunContext) -> None:
+    """--detach: the first batch's Jobs created (job-submitted.json, their UIDs in the receipt)
+    and nothing followed: `attach` picks the run up from its files."""
+    entry = run.settings.batches[0]
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    os.makedirs(batch_dir, exist_ok=True)
+    manifests = run.plan.jobs[entry.job]
+    save_submitted_jobs(run, batch_dir, manifests)
+    create_batch_jobs(run, manifests)
+
+
+def say_detached(run: RunContext) -> None:
+    """What a detached run prints on stdout: its namespace and the command that follows it."""
+    if not run.silent:
+        print(f"Detached: attach with: {attach_command(run.output, run.kubectl.binary)}")
+
+
+def save_planned_jobs(run: RunContext) -> None:
+    """jobs-planned.json: every Job of every batch, as a List, before any is created (what
+    `attach` creates of a run stopped between two batches)."""
+    jobs = [job for batch in run.plan.jobs.values() for job in batch]
+    write_json(os.path.join(run.output, PLANNED_JOBS_FILE), list_manifest(jobs))
 
 
 def create_namespace(run: RunContext) -> None:
@@ -522,26 +598,33 @@ def open_proxy(run: RunContext) -> None:
             print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
 
 
-def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
-    """Submit one Job, follow it, save its evidence, verify and summarise it."""
+def run_one_batch(
+    run: RunContext, entry: BatchEntry, kept: Sequence[dict] = (), adopt: bool = False
+) -> BatchOutcome:
+    """Submit one Job, follow it, save its evidence, verify and summarise it. `adopt`: its Jobs
+    exist already (attach), and `kept` are the rewards.jsonl lines written before."""
     job_name = entry.job
     batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
     os.makedirs(batch_dir, exist_ok=True)
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
-    save_submitted_jobs(run, batch_dir, manifests)
+    if not adopt:
+        save_submitted_jobs(run, batch_dir, manifests)
     admitted = (
         admit_batch(run, lambda: create_batch_jobs(run, manifests), job_names, entry.dir)
-        if run.settings.queue
+        if run.settings.queue and not adopt
         else None
     )
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
     watches = start_batch_watches(run, job_name, job_names, client_deadline)
-    follower = batch_follower(run, job_name, job_names, batch_dir, watches)
+    follower = batch_follower(run, job_name, job_names, batch_dir, watches, kept)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    follower.submit(lambda: admitted.job if admitted else create_batch_jobs(run, manifests))
+    if adopt:
+        follower.adopt()
+    else:
+        follower.submit(lambda: admitted.job if admitted else create_batch_jobs(run, manifests))
     if admitted:  # the Jobs were made before the queue's wait: the clocks take the true moments
         follower.state.submitted(admitted.submitted)
         follower.state.created(admitted.created)
@@ -549,6 +632,8 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
+    if entry == run.settings.batches[-1]:
+        begin_cleanup(run)
     wait = wait._replace(
         pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
         events_read=batch.events_read,
@@ -564,6 +649,38 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     )
     write_json(client_path, wait.saved())
     return BatchOutcome(entry, summary, wait.saved())
+
+
+def begin_cleanup(run: RunContext) -> None:
+    """--cleanup through the proxy (run.cleanup_ahead): the namespace's deletion begun once the
+    last batch's evidence is read, while its summary is made, since the API server takes a tenth
+    of a second or more to delete a Job; finish_run waits for it (cleaned_up). It cuts a
+    trainer's step by that much (tests/benchmarks/step_benchmark.py)."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not ahead.set_running_or_notify_cancel():
+        return
+
+    def clean() -> None:
+        report = io.StringIO()
+        try:
+            cleanup_namespace(run.kubectl, run.receipt, report=report)
+        except BaseException as error:  # raised where it is waited for
+            ahead.set_exception(error)
+        else:
+            ahead.set_result(report.getvalue())
+
+    threading.Thread(target=clean, name="rl-batch-demo cleanup", daemon=True).start()
+
+
+def cleaned_up(run: RunContext, report: Any) -> None:
+    """The run's namespace deleted (cleanup_namespace), what it said on `report`: waited for
+    when begin_cleanup began it, else done now."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not (ahead.running() or ahead.done()):
+        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        return
+    report.write(ahead.result())
+    report.flush()
 
 
 def save_submitted_jobs(run: RunContext, batch_dir: str, manifests: Sequence[dict]) -> None:
@@ -593,11 +710,20 @@ def start_batch_watches(
 
 
 def batch_follower(
-    run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
+    run: RunContext,
+    job_name: str,
+    job_names: Sequence[str],
+    batch_dir: str,
+    watches: WatchStream,
+    kept: Sequence[dict] = (),
 ) -> BatchFollower:
     """What follows the batch, with its reward stream when it is a rollout."""
+    stop_rest = (
+        (lambda: stop_for_groups(run, job_names)) if run.settings.need_groups is not None else None
+    )
+    path = os.path.join(batch_dir, REWARDS_FILE)
     rewards = (
-        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
+        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest, kept)
         if run.settings.rollout
         else None
     )
@@ -616,6 +742,27 @@ def batch_follower(
         job_names,
         spare_held=run.owns_process,
     )
+
+
+def stop_for_groups(run: RunContext, job_names: Sequence[str]) -> None:
+    """--need-groups K met: each Job of the batch stamped as stopped by the tool and suspended, so
+    that its controller deletes its running pods and starts no more (the Job's own successPolicy
+    cannot say "K whole groups"). A Job that has ended is stamped alone."""
+    stamp = {"metadata": {"annotations": {NEED_GROUPS_ANNOTATION: str(run.settings.need_groups)}}}
+    for name in job_names:
+        ended = job_finished(run.batch.follower.jobs.seen.get(name) or {}) if run.batch else None
+        patch = stamp if ended else dict(stamp, spec={"suspend": True})
+        run.kubectl.run(
+            ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", json.dumps(patch)],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    if not run.silent:
+        print(
+            f"{run.spelling.setting('need_groups', run.settings.need_groups)} met: the rest of "
+            f"the batch stopped",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def create_batch_jobs(run: RunContext, manifests: Sequence[dict]) -> dict:
@@ -649,12 +796,16 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
     any is created: one refused (an invalid image reference) fails the run with none of them made,
     and the namespace made for them, empty of work, deleted."""
     for manifest in manifests:
+        retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
         try:
-            run.kubectl.run(
-                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
-                input_text=json.dumps(manifest),
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-            )
+            if run.kubectl.api is not None:
+                api_create(run.kubectl.api, manifest, retry_until, dry_run=True)
+            else:
+                run.kubectl.run(
+                    ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+                    input_text=json.dumps(manifest),
+                    retry_until=retry_until,
+                )
         except KubectlError as error:
             image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
             raise DemoError(
@@ -822,6 +973,8 @@ def close(run: RunContext) -> None:
     if run.proxy is not None:
         run.proxy.close()
     run.pool.shutdown(wait=False)
+    if run.lease is not None:
+        run.lease.release()
 
 
 def load_worker(request: RunRequest) -> tuple[str, bool]:
@@ -853,6 +1006,9 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         return 0, None
     worker_source, builtin = load_worker(request)
     run = start_run(request, caller, worker_source, builtin)
+    run.tracer = open_tracer(request.otlp_endpoint, run.receipt.run_id)
+    if request.cleanup and run.kubectl.api is not None:
+        run.cleanup_ahead = concurrent.futures.Future()
     cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -872,10 +1028,24 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure = error
         finally:
             close(run)
-    if failure is None and not request.spelling.python:  # a Python caller has them returned
+    if run.tracer is not None:
+        finish_trace(
+            run.tracer,
+            run.output,
+            None if failure or results is None else results.figures,
+            failure,
+            request.quiet,
+        )
+    if failure is None and results is None:  # --detach: `attach` follows the run
+        say_detached(run)
+        return 0, None
+    if failure is None and results is not None and not request.spelling.python:
+        # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
+    if failure is None and request.pushgateway:
+        push_saved_metrics(run.output, request.pushgateway, run.receipt.run_id)
     finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
-    status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
+    status = EXIT_PARTIAL if results is not None and results.figures.get("accepted_partial") else 0
     if caller.exit_when_done:
         exit_at_once(status)  # while the run is still held: freeing it is what would take the time
     return status, results
@@ -914,8 +1084,7 @@ def run_settings(
     namespace: str,
     run_id: str = "",
 ) -> Settings:
-    """The run's settings, once, from its request, its episode program, and the context and
-    namespace it runs in (no context for --dry-run)."""
+    """The run's settings, made once from its request, program, context (none: --dry-run), namespace."""
     rollout, tasks = request.rollout, request.tasks or ()
     suffix = run_suffix(run_id) if request.namespace else ""
     batches = batch_names(request.rounds, request.warmup, suffix)
@@ -948,6 +1117,7 @@ def run_settings(
         allow_failures=request.allow_failures if rollout else None,
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
         need=request.need,
+        need_groups=request.need_groups,
         episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
@@ -958,6 +1128,7 @@ def run_settings(
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
         shared_namespace=request.namespace is not None,
         queue=request.queue,
+        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
     )
 
 
@@ -984,7 +1155,10 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
             f"output directory {output} already exists; records are never overwritten, "
             f"choose a new {spelling.name('output')}"
         )
-    kubectl = Kubectl(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
+    # A Python caller runs step after step in one process: its requests go through the
+    # process's one proxy, started once (a kubectl process per request cost most of a step).
+    kind = ProxiedKubectl if spelling.python else Kubectl
+    kubectl = kind(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
     kubectl.context = resolve_context(kubectl, request.context, spelling)
     try:
         os.makedirs(output)
@@ -995,7 +1169,7 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
     run_id = secrets.token_hex(6)
     namespace = request.namespace or NAMESPACE_PREFIX + run_id
     settings = run_settings(request, worker_source, builtin, kubectl.context, namespace, run_id)
-    return RunContext(
+    run = RunContext(
         settings,
         plan_run(namespace, run_id, settings, worker_source, request.tasks or ()),
         Receipt.start(
@@ -1011,12 +1185,15 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         Progress(request.quiet),
         concurrent.futures.ThreadPoolExecutor(LOG_READERS),
         cpu_seconds(),
+        proxy=shared_proxy(kubectl) if spelling.python else None,
         silent=request.quiet and spelling.python,
         spelling=spelling,
         on_reward=caller.on_reward,
         stop=caller.stop,
         owns_process=not spelling.python,
+        detach=request.detach,
     )
+    return run
 
 
 @contextlib.contextmanager
@@ -1063,7 +1240,7 @@ def cleanup_after_interrupt(run: RunContext) -> str | None:
     """`--cleanup` after an interruption: None once the namespace is gone, else why it is not."""
     report = io.StringIO() if run.silent else sys.stderr
     try:
-        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        cleaned_up(run, report)
     except DemoError as error:
         return str(error)
     except KeyboardInterrupt:
@@ -1100,6 +1277,8 @@ def interruption_message(
     elif run.touched_cluster:
         if not_cleaned is not None:
             lines.append(f"{run.spelling.switch('cleanup')} failed: {not_cleaned}")
+        if run.receipt.fields.get("jobs"):
+            lines.append(f"Attach with: {attach_command(run.output, run.kubectl.binary)}")
         lines.append(f"Clean up with: {cleanup_hint}")
     return "\n".join(lines)
 
@@ -1124,7 +1303,7 @@ def finish_run(
         cleanup = run.spelling.switch("cleanup")
         print(f"Cleaning up ({cleanup}) after {'a failed' if failure else 'the'} run.", file=report)
         try:
-            cleanup_namespace(run.kubectl, run.receipt, report=report)
+            cleaned_up(run, report)
         except DemoError as error:
             # Never let a failed cleanup hide why the run failed or where its evidence is.
             why = (

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Iterable, NamedTuple, Sequence
 
 from .constants import (
     APP_LABEL,
     EPISODES_PLANNED_ANNOTATION,
     EXPIRES_ANNOTATION,
+    FOLLOWER_ANNOTATION,
+    LEASE_RENEW_SECONDS,
+    LEASE_STALE_PERIODS,
     HOST_ANNOTATION,
     JOBS_PLANNED_ANNOTATION,
     NAMESPACE_PREFIX,
@@ -55,6 +59,7 @@ class ClusterRun(NamedTuple):
     jobs_planned: int | None = None  # None: a guide's run, or one of a version that did not say
     between_batches: bool = False  # running, with every Job there ended and more to come
     last_ended_at: float | None = None  # when its last ended Job ended (None: none has)
+    follower: dict | None = None  # the lease of the client that follows it (None: nobody)
     shared: bool = False  # in a namespace it shares (`--namespace`): its Jobs, not the namespace
     job_uids: tuple[tuple[str, str], ...] = ()  # a shared run's Jobs: (name, UID)
 
@@ -206,6 +211,7 @@ def cluster_run(namespace: dict, inside: Sequence[dict], shared: bool = False) -
         jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
         between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
         last_ended_at=max((at for at in ended if at is not None), default=None),
+        follower=follower_lease(annotations.get(FOLLOWER_ANNOTATION)),
         shared=shared,
         job_uids=tuple(
             (
@@ -217,6 +223,39 @@ def cluster_run(namespace: dict, inside: Sequence[dict], shared: bool = False) -
         if shared
         else (),
     )
+
+
+def follower_lease(text: str | None) -> dict | None:
+    """The follower lease's record (lease.lease_record), or None: none, or not one."""
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("host") else None
+
+
+def follower_record(run: ClusterRun, now: float) -> dict | None:
+    """Who follows the run, as `list -o json` prints it: host, PID, when the lease was last
+    renewed, and whether that is older than LEASE_STALE_PERIODS periods (its client looks gone)."""
+    lease = run.follower
+    if lease is None:
+        return None
+    renewed = parse_time(str(lease.get("renewTime") or ""))
+    period = lease.get("renewPeriodSeconds") or LEASE_RENEW_SECONDS
+    return {
+        "host": lease.get("host"),
+        "pid": lease.get("pid"),
+        "output": lease.get("output"),
+        "renewed": lease.get("renewTime"),
+        "stale": renewed is None or now - renewed >= LEASE_STALE_PERIODS * float(period),
+    }
+
+
+def follower_text(run: ClusterRun, now: float) -> str:
+    record = follower_record(run, now)
+    if record is None:
+        return "-"
+    return f"{record['host']}/{record['pid']}" + (" (stale)" if record["stale"] else "")
 
 
 def run_record(run: ClusterRun, now: float) -> dict:
@@ -238,6 +277,7 @@ def run_record(run: ClusterRun, now: float) -> dict:
         "jobs_planned": run.jobs_planned,
         "between_batches": run.between_batches,
         "last_job_ended": rfc3339(run.last_ended_at) if run.last_ended_at is not None else None,
+        "follower": follower_record(run, now),
         **({"shared_namespace": True} if run.shared else {}),
     }
 
@@ -252,7 +292,7 @@ def expiry_text(run: ClusterRun, now: float) -> str:
 
 def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
     """One line per run: namespace, state, age, episodes done of total, who and where from, expiry."""
-    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES")]
+    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES", "FOLLOWER")]
     for run in runs:
         where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
         rows.append(
@@ -264,6 +304,7 @@ def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
                 run.user or "-",
                 where,
                 expiry_text(run, now),
+                follower_text(run, now),
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]

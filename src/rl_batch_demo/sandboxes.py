@@ -12,13 +12,16 @@ import time
 import urllib.parse
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
-from .constants import SANDBOX_PORT
+from .constants import ANSWER_HEADER, SANDBOX_PORT
 from .model import DemoError
 from .kube import UnixHTTPConnection
 
 # How long a request to the proxy waits for its connection and its answer, beyond a command's own
 # timeout; a command without one is bounded by this alone.
 REQUEST_GRACE_SECONDS = 30.0
+# A request that may be sent again (a file's read or write; a command with retry=True) is, while
+# the pod still runs, for this long: an API server restarting is back within it.
+RETRY_SECONDS = 30.0
 # A pod's server is asked whether it listens this often, from its Running until it answers.
 PROBE_INTERVAL_SECONDS = 0.02
 PROBE_MOST_SECONDS = 120.0
@@ -64,7 +67,9 @@ class CommandTimeout(DemoError, TimeoutError):
 class ProxyAnswer(NamedTuple):
     status: int
     body: bytes
-    from_api_server: bool  # a Kubernetes Status (the proxy's own answer), not the sandbox's
+    # Not the sandbox's answer: a Kubernetes Status, or an error of `kubectl proxy` (its 500 when
+    # the API server cannot be reached), neither of which carries the sandbox's ANSWER_HEADER.
+    from_api_server: bool
 
 
 class OneWriteConnection(UnixHTTPConnection):
@@ -122,7 +127,8 @@ class ProxyClient:
             raise
         if (response.getheader("Connection") or "").lower() == "close":
             self.forget()
-        return ProxyAnswer(response.status, data, response.status != 200 and is_status(data))
+        on_the_way = is_status(data) or response.getheader(ANSWER_HEADER) is None
+        return ProxyAnswer(response.status, data, response.status != 200 and on_the_way)
 
 
 def is_status(data: bytes) -> bool:

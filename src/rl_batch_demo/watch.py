@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .constants import (
@@ -201,7 +202,11 @@ class WatchStream:
         # An interrupt comes once the watch is whole: its process, known to be stopped, and its reader.
         with INTERRUPTS.holding():
             try:
-                process = self.kubectl.stream(args, seconds, stderr=errors)
+                process: Any = (
+                    self.kubectl.stream(args, seconds, stderr=errors)
+                    if self.kubectl.api is None
+                    else self.kubectl.api.watch(self.api_path(kind), seconds, errors)
+                )
             except OSError as error:
                 errors.close()
                 raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
@@ -210,6 +215,23 @@ class WatchStream:
             threading.Thread(
                 target=self._pump, args=(kind, process, errors, stopped), daemon=True
             ).start()
+
+    def api_path(self, kind: str) -> str:
+        """The API path that watches what `start` would have kubectl watch: from the objects there
+        now (each an ADDED event first, as kubectl lists them) onwards."""
+        if kind == "job":
+            resource = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
+            query = (
+                {"labelSelector": f"{BATCH_LABEL}={self.jobs.batch}"}
+                if self.jobs.several
+                else {"fieldSelector": f"metadata.name={self.jobs.names[0]}"}
+            )
+        elif kind == "events":
+            resource, query = f"/api/v1/namespaces/{self.namespace}/events", {}
+        else:
+            resource = f"/api/v1/namespaces/{self.namespace}/pods"
+            query = {"labelSelector": self.jobs.pod_selector()}
+        return f"{resource}?{urllib.parse.urlencode(dict(query, watch='1'))}"
 
     def _pump(
         self, kind: str, process: subprocess.Popen, errors: Any, stopped: threading.Event

@@ -43,22 +43,31 @@ def ms(value: float) -> str:
 
 def kubectl_processes() -> int:
     """The kubectl processes below this one (a dispatcher's child counted too)."""
-    me, parents, names = os.getpid(), {}, {}
+    return len(kubectl_cpu())
+
+
+def kubectl_cpu() -> dict[int, float]:
+    """The kubectl processes below this one, each with the CPU seconds it has used."""
+    me, parents, names, cpu = os.getpid(), {}, {}, {}
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)
                 names[int(entry)] = stat[0].split("(", 1)[1]
-                parents[int(entry)] = int(stat[1].split()[1])
+                fields = stat[1].split()
+                parents[int(entry)] = int(fields[1])
+                cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
             except (OSError, IndexError, ValueError):
                 continue
-    count = 0
+    found = {}
     for pid, name in names.items():
         walk = pid
         while walk in parents and walk not in (0, 1, me):
             walk = parents[walk]
-        count += walk == me and name.startswith("kubectl")
-    return count
+        if walk == me and name.startswith("kubectl"):
+            found[pid] = cpu[pid]
+    return found
 
 
 def cpu_seconds() -> float:
@@ -127,7 +136,7 @@ def many_sandboxes(kubectl: str, work: Path, sandboxes: int, commands: int) -> d
         held = [pool.claim(timeout=600) for _ in range(sandboxes)]
         warm_after = time.monotonic() - opened
         processes = kubectl_processes()
-        cpu, started = cpu_seconds(), time.monotonic()
+        cpu, proxy_cpu, started = cpu_seconds(), kubectl_cpu(), time.monotonic()
 
         def drive(sandbox: rl_batch_demo.pool.Sandbox) -> None:
             for _ in range(commands):
@@ -136,6 +145,9 @@ def many_sandboxes(kubectl: str, work: Path, sandboxes: int, commands: int) -> d
         with concurrent.futures.ThreadPoolExecutor(sandboxes) as threads:
             list(threads.map(drive, held))
         wall, used = time.monotonic() - started, cpu_seconds() - cpu
+        proxy_used = sum(
+            seconds - proxy_cpu.get(pid, 0.0) for pid, seconds in kubectl_cpu().items()
+        )
         for sandbox in held:
             sandbox.finish(reward=1)
     total = sandboxes * commands
@@ -143,6 +155,7 @@ def many_sandboxes(kubectl: str, work: Path, sandboxes: int, commands: int) -> d
         "warm_after": warm_after,
         "per_second": total / wall,
         "cpu_per_command": used / total,
+        "proxy_cpu_per_command": proxy_used / total,
         "kubectl_processes": processes,
     }
 
@@ -158,10 +171,17 @@ def wall_of(argv: list[str]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kubectl", default="kubectl")
-    parser.add_argument("--sandboxes", type=int, default=64, help="driven at once (default 64)")
+    parser.add_argument(
+        "--sandboxes", type=int, default=64, help="driven at once (default 64; 0: not run)"
+    )
     parser.add_argument("--commands", type=int, default=20, help="per sandbox (default 20)")
-    parser.add_argument("--episodes", type=int, default=64, help="guide episodes (default 64)")
-    parser.add_argument("--round-trips", type=int, default=200)
+    parser.add_argument(
+        "--episodes", type=int, default=64, help="guide episodes (default 64; 0: not run)"
+    )
+    parser.add_argument(
+        "--round-trips", type=int, default=200, help="empty commands (default 200; 0: not run)"
+    )
+    parser.add_argument("--claims", type=int, default=100, help="warm claims (default 100; 0: not)")
     parser.add_argument(
         "--empty",
         default="true",
@@ -169,78 +189,80 @@ def main() -> int:
         "minimal image without it: python3 -c pass)",
     )
     args = parser.parse_args()
-    product = str(REPO_ROOT / "rl_batch_demo.py")
+    print(f"load average before: {load_average()}", flush=True)
+    one = 0
     with tempfile.TemporaryDirectory(prefix="rldemo-pool-bench-") as directory:
         work = Path(directory)
-        trips, execs, one = empty_round_trips(
-            args.kubectl, work, args.round_trips, args.empty.split()
-        )
-        print(
-            f"empty command round trip  p50 {ms(quantile(trips, 0.5))}  p99 {ms(quantile(trips, 0.99))}"
-        )
-        if execs:
-            ratio = quantile(execs, 0.5) / quantile(trips, 0.5)
+        if args.round_trips:
+            one = print_round_trips(args, work)
+        if args.claims:
+            waits = warm_claims(args.kubectl, work, args.claims)
             print(
-                f"kubectl exec -- {args.empty:<9} p50 {ms(quantile(execs, 0.5))}  p99 {ms(quantile(execs, 0.99))}"
-                f"  ({ratio:.1f} x the pool's)"
+                f"warm claim wait           p50 {ms(quantile(waits, 0.5))}  "
+                f"p99 {ms(quantile(waits, 0.99))}",
+                flush=True,
             )
-        else:
-            print(f"kubectl exec -- {args.empty}: not served by this tier")
-        waits = warm_claims(args.kubectl, work, 100)
-        print(
-            f"warm claim wait           p50 {ms(quantile(waits, 0.5))}  p99 {ms(quantile(waits, 0.99))}"
-        )
-        many = many_sandboxes(args.kubectl, work, args.sandboxes, args.commands)
-        print(
-            f"{args.sandboxes} sandboxes at once: all warm after {many['warm_after']:.1f} s, "
-            f"{many['per_second']:.0f} commands/s, {many['cpu_per_command'] * 1000:.2f} ms of "
-            f"this process's CPU a command"
-        )
-        print(
-            f"kubectl processes: {one} at 1 sandbox, {many['kubectl_processes']} at {args.sandboxes}"
-        )
-        size = min(8, args.episodes)
-        pool_wall = wall_of(
-            [
-                sys.executable,
-                product,
-                "pool",
-                "--output",
-                str(work / "as-pool"),
-                "--size",
-                str(size),
-                "--episodes",
-                str(args.episodes),
-                "--kubectl",
-                args.kubectl,
-                "--cleanup",
-                "--quiet",
-            ]
-        )
-        batch_wall = wall_of(
-            [
-                sys.executable,
-                product,
-                "run",
-                "--output",
-                str(work / "as-batch"),
-                "--count",
-                str(args.episodes),
-                "--parallelism",
-                str(size),
-                "--max-episodes",
-                str(args.episodes),
-                "--kubectl",
-                args.kubectl,
-                "--cleanup",
-                "--quiet",
-            ]
-        )
-        print(
-            f"{args.episodes} guide episodes, {size} at a time: pool {pool_wall:.1f} s, batch "
-            f"{batch_wall:.1f} s ({batch_wall / pool_wall:.2f} x)"
-        )
+        if args.sandboxes:
+            many = many_sandboxes(args.kubectl, work, args.sandboxes, args.commands)
+            print(
+                f"{args.sandboxes} sandboxes at once: all warm after {many['warm_after']:.1f} s, "
+                f"{many['per_second']:.0f} commands/s, {many['cpu_per_command'] * 1000:.2f} ms of "
+                f"this process's CPU a command, {many['proxy_cpu_per_command'] * 1000:.2f} ms of "
+                "its kubectl proxy's",
+                flush=True,
+            )
+            print(
+                f"kubectl processes: {one if args.round_trips else '-'} at 1 sandbox, "
+                f"{many['kubectl_processes']} at {args.sandboxes}",
+                flush=True,
+            )
+        if args.episodes:
+            print_pool_and_batch(args, work)
+    print(f"load average after: {load_average()}")
     return 0
+
+
+def load_average() -> str:
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
+def print_round_trips(args: argparse.Namespace, work: Path) -> int:
+    """The empty command's round trips, against kubectl exec; the kubectl processes at 1."""
+    trips, execs, one = empty_round_trips(args.kubectl, work, args.round_trips, args.empty.split())
+    print(
+        f"empty command round trip  p50 {ms(quantile(trips, 0.5))}  "
+        f"p99 {ms(quantile(trips, 0.99))}",
+        flush=True,
+    )
+    if execs:
+        ratio = quantile(execs, 0.5) / quantile(trips, 0.5)
+        print(
+            f"kubectl exec -- {args.empty:<9} p50 {ms(quantile(execs, 0.5))}  "
+            f"p99 {ms(quantile(execs, 0.99))}  ({ratio:.1f} x the pool's)",
+            flush=True,
+        )
+    else:
+        print(f"kubectl exec -- {args.empty}: not served by this tier", flush=True)
+    return one
+
+
+def print_pool_and_batch(args: argparse.Namespace, work: Path) -> None:
+    """The same guide episodes as a pool and as a batch, 8 at a time: the wall time of each."""
+    product, size = str(REPO_ROOT / "rl_batch_demo.py"), min(8, args.episodes)
+    common = ["--kubectl", args.kubectl, "--cleanup", "--quiet"]
+    pool_wall = wall_of(
+        [sys.executable, product, "pool", "--output", str(work / "as-pool")]
+        + ["--size", str(size), "--episodes", str(args.episodes), *common]
+    )
+    batch_wall = wall_of(
+        [sys.executable, product, "run", "--output", str(work / "as-batch")]
+        + ["--count", str(args.episodes), "--parallelism", str(size)]
+        + ["--max-episodes", str(args.episodes), *common]
+    )
+    print(
+        f"{args.episodes} guide episodes, {size} at a time: pool {pool_wall:.1f} s, batch "
+        f"{batch_wall:.1f} s ({batch_wall / pool_wall:.2f} x)"
+    )
 
 
 if __name__ == "__main__":

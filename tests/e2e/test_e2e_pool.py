@@ -3,6 +3,7 @@ the emulator's pod proxy, the sandbox server running in each pod."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -17,7 +18,16 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import documentation, emulators, load, run_namespaces, tool, wait_for
+from e2e_support import (
+    documentation,
+    emulators,
+    load,
+    run_namespaces,
+    running_pods,
+    start_tool,
+    tool,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -79,6 +89,11 @@ def test_the_pool_command_plays_the_guides_episode_as_turns(cluster: Any, tmp_pa
     started = [p for p in results["sandboxes"] if p["server_start_seconds"] is not None]
     assert len(started) >= 4 and all(-1.0 < p["server_start_seconds"] < 30 for p in started)
     assert block["server_start_seconds"]["precision_seconds"] == 1.0
+    with open(output / "episodes.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["index"] for row in rows] == ["0", "1", "2", "3"]
+    assert all(float(row["server_ready_at"]) > float(row["pod_created_at"]) - 1 for row in rows)
+    assert all(row["server_start_precision_seconds"] == "1.0" for row in rows)
     for name in ("receipt.json", "run.json", "job.json", "pods.json", "events.json"):
         assert (output / name).is_file(), name
     assert len(list(output.glob("pool-*.log"))) >= 4
@@ -295,3 +310,80 @@ def test_open_pool_refuses_bad_keywords_before_anything_is_created(
     assert not any((tmp_path / name).exists() for name in "abc")
     assert run_namespaces(emulator) == []
     assert os.environ["KUBECONFIG"]
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_pool_retries_an_episode_whose_pod_was_deleted_on_a_fresh_sandbox(
+    cluster: Any, tmp_path: Path, retries: int
+) -> None:
+    kubectl, emulator = cluster
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text('{"run": ["sleep", "6"]}\n{"run": ["true"]}\n')
+    output = tmp_path / "pool"
+    process = start_tool(
+        emulator,
+        kubectl,
+        "pool",
+        output=output,
+        size=1,
+        episodes=1,
+        turns=turns,
+        retries=retries,
+        quiet=True,
+    )
+    first = wait_for(lambda: running_pods(emulator, output), 60, "the first sandbox running")[0]
+    time.sleep(2.5)  # claimed, and its first turn running
+    namespace = load(output / "receipt.json")["namespace"]
+    subprocess.run(
+        [kubectl, "delete", "pod", first["metadata"]["name"], "-n", namespace, "--wait=false"],
+        env=emulator.env(),
+        capture_output=True,
+        timeout=60,
+    )
+    stdout, stderr = process.communicate(timeout=120)
+    rewards = lines(output / "rewards.jsonl")
+    assert rewards[0]["sandbox"] == first["metadata"]["name"]
+    assert (rewards[0]["failure_class"], rewards[0]["valid"]) == ("infrastructure", False)
+    assert "lost" in rewards[0]["failure"]
+    if retries:
+        assert process.returncode == 0, stderr
+        assert len(rewards) == 2 and rewards[1]["sandbox"] != first["metadata"]["name"]
+        assert (rewards[1]["reward"], rewards[1]["valid"]) == (1.0, True)
+    else:
+        assert process.returncode == 1 and len(rewards) == 1, stderr
+    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_pool_prepull_makes_its_image_present_on_every_node_first(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    output = tmp_path / "pool"
+    result = tool(
+        emulator, kubectl, "pool", "--output", str(output), "--size", "1", "--episodes", "1",
+        "--prepull", "--cleanup",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    prepulled = load(output / "prepull.json")
+    assert prepulled["images"] == 1 and prepulled["failures"] == []
+    assert prepulled["pods"] == prepulled["nodes"] >= 1
+    assert load(output / "results.json")["prepull"]["pods"] == prepulled["pods"]
+    assert load(output / "results.json")["successful_episodes"] == 1
+
+
+def test_a_hardened_pool_lets_the_pod_proxy_in_to_the_sandbox_port(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    output = tmp_path / "pool"
+    result = tool(
+        emulator, kubectl, "pool", "--output", str(output), "--size", "1", "--episodes", "1",
+        "--harden",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    namespace = load(output / "receipt.json")["namespace"]
+    policy = emulator.get("networkpolicies", namespace, "deny-all-but-sandbox-port")
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8377}]}]
+    assert load(output / "results.json")["successful_episodes"] == 1
+    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0

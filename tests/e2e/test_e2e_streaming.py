@@ -391,6 +391,11 @@ def test_an_episode_past_its_timeout_is_a_sample_never_retried_while_a_loss_is(
     assert spec["backoffLimitPerIndex"] == 1
     # The launcher keeps the episode's 3 s; the pod's own deadline is a backstop past them.
     assert spec["template"]["spec"]["activeDeadlineSeconds"] == 3 + 30
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert (
+        annotations[rl_batch.DEADLINE_ANNOTATION]
+        == "--episode-timeout 3 + 30 s for the pod to start"
+    )
     stuck, evicted = lines_of(output)
     assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1)
     assert stuck["failure"] == (
@@ -409,6 +414,14 @@ def test_an_episode_past_its_timeout_is_a_sample_never_retried_while_a_loss_is(
     results = load(output / "results.json")
     assert results["accepted_partial"] is False and results["lost_episodes"] == 0
     assert results["job_end"] == {"condition": "Complete", "reason": None}
+    # The hung episode's running time is drawn, up to its launcher's stop (about its 3 s).
+    timeline = ElementTree.parse(output / "timeline.svg").getroot()
+    (hung,) = [
+        title.text
+        for title in timeline.iter("{http://www.w3.org/2000/svg}title")
+        if (title.text or "").startswith(f"{stuck['pod']} ran with no reward: ")
+    ]
+    assert 2.5 <= float(hung.split(": ")[1].split()[0]) <= 6, hung
 
 
 def test_need_refused_before_anything_is_created_on_a_cluster_older_than_1_33(

@@ -206,11 +206,38 @@ def test_list_and_cleanup_stale_on_the_real_api_server(real_cluster, tmp_path):
         )
 
 
+def test_a_role_without_patch_on_namespaces_runs_with_the_lock_alone_and_says_so_once(
+    real_cluster, tmp_path
+):
+    kubectl, cluster = real_cluster
+    rule = (
+        'verbs: ["create", "get", "list", "delete", "patch"]'
+        "    # list: `list`, `cleanup --stale`; patch: the follower lease"
+    )
+    assert rule in readme_rbac()
+    without_patch = readme_rbac().replace(rule, 'verbs: ["create", "get", "list", "delete"]')
+    kubeconfig = user_with(cluster, kubectl, "no-lease", without_patch)
+    output = tmp_path / "out"
+    result = run_tool(
+        cluster, kubectl, "run", count=2, output=output, quiet=True, kubeconfig=kubeconfig
+    )
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "follower lease" in line]
+    assert len(warnings) == 1 and "grant patch on namespaces" in warnings[0], result.stderr
+    assert "forbidden" in warnings[0]
+    assert not (output / "follower.lock").exists()  # held while it followed, then given up
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
+    assert cleaned.returncode == 0, cleaned.stderr
+
+
 def test_a_role_without_list_on_namespaces_is_told_so(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    rule = 'verbs: ["create", "get", "list", "delete"]    # list: for `list` and `cleanup --stale`'
+    rule = (
+        'verbs: ["create", "get", "list", "delete", "patch"]'
+        "    # list: `list`, `cleanup --stale`; patch: the follower lease"
+    )
     assert rule in readme_rbac()
-    without_list = readme_rbac().replace(rule, 'verbs: ["create", "get", "delete"]')
+    without_list = readme_rbac().replace(rule, 'verbs: ["create", "get", "delete", "patch"]')
     kubeconfig = user_with(cluster, kubectl, "no-list", without_list)
     for args in (["list"], ["cleanup", "--stale", "1h"]):
         result = run_tool(cluster, kubectl, *args, kubeconfig=kubeconfig)

@@ -69,6 +69,9 @@ KNOWN_DIFFERENCES: Dict[str, List[str]] = {
         "real node the address has left the bridge and a dial finds no host",
         "pods/proxy neither rewrites the links of a text/html answer nor relays an upgrade "
         "(WebSocket, SPDY): the Upgrade header is dropped as hop-by-hop",
+        "NetworkPolicies are stored and never enforced (a pod's empty network namespace reaches "
+        "nothing anyway), and hostAliases are not written into a pod's /etc/hosts: a real node "
+        "with a policy plugin enforces the one, and its kubelet writes the other",
     ],
     "agent": [
         "pods that declare ports share one network namespace (tests/support/pod_network.py), each "
@@ -76,6 +79,9 @@ KNOWN_DIFFERENCES: Dict[str, List[str]] = {
         "pods without ports have made-up IPs (10.244.N.M) nothing routes: the real API server "
         "would send a pods/proxy request for one out through the host's default route; the "
         "tests never ask it to",
+        "NetworkPolicies are not enforced and hostAliases not written into /etc/hosts (the pods "
+        "run with the host's resolver); envFrom and the rest of a pod's environment are as the "
+        "kubelet makes them",
     ],
 }
 

@@ -96,7 +96,7 @@ def run_tool(
 
 
 # The actions that talk to the cluster, through the kubectl given.
-CLUSTER_ACTIONS = ("run", "pool", "cleanup", "list")
+CLUSTER_ACTIONS = ("run", "pool", "cleanup", "list", "attach")
 
 
 def tool(

@@ -5989,6 +5989,9 @@ class ContainerRunner(threading.Thread):
                     "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1",
                 }
             )
+        missing = self._env_from(env)
+        if missing:
+            return env, missing
         for e in self.container.get("env") or []:
             name = e.get("name")
             if "value" in e or not e.get("valueFrom"):
@@ -6043,6 +6046,44 @@ class ContainerRunner(threading.Thread):
                         f"couldn't find key {ref.get('key')} in Secret {w.ns}/{ref.get('name')}",
                     )
         return env, None
+
+    def _env_from(self, env: dict[str, str]) -> str | None:
+        """envFrom, as kubelet 1.35's makeEnvironmentVariables reads it: each Secret's or
+        ConfigMap's keys (behind the prefix) before `env`, which wins; a key that is not a variable
+        name skipped with an InvalidEnvironmentVariableNames event; a missing source the
+        container's config error unless optional."""
+        w = self.worker
+        for source in self.container.get("envFrom") or []:
+            kind, ref = (
+                ("Secret", source["secretRef"])
+                if source.get("secretRef")
+                else ("ConfigMap", source.get("configMapRef") or {})
+            )
+            store = "secrets" if kind == "Secret" else "configmaps"
+            found = self.emu.store.get(store, w.ns, ref.get("name", ""))
+            if found is None:
+                if ref.get("optional"):
+                    continue
+                return f'{kind.lower()} "{ref.get("name")}" not found'
+            data = dict(found.get("data") or {})
+            if kind == "Secret":
+                data = {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in data.items()}
+            invalid = []
+            for key, value in data.items():
+                key = (source.get("prefix") or "") + key
+                if not re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", key):
+                    invalid.append(key)
+                    continue
+                env[key] = value
+            if invalid:
+                self.event(
+                    "Warning",
+                    "InvalidEnvironmentVariableNames",
+                    f"Keys [{', '.join(sorted(invalid))}] from the EnvFrom {kind.lower()} "
+                    f"{w.ns}/{ref.get('name')} were skipped since they are considered invalid "
+                    f"environment variable names.",
+                )
+        return None
 
     def _argv(self, env: dict[str, str]) -> list[str]:
         command = self.container.get("command") or []

@@ -20,6 +20,7 @@ import base64
 import http.server
 import os
 import random
+import re
 import signal
 import ssl
 import subprocess
@@ -818,6 +819,9 @@ class PodWorker(threading.Thread):
                     "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1",
                 }
             )
+        missing = self._env_from(spec, env)
+        if missing:
+            return env, 0, 0, missing
         for e in spec.get("env") or []:
             source = e.get("valueFrom")
             if not source:
@@ -871,6 +875,41 @@ class PodWorker(threading.Thread):
                         ),
                     )
         return env, int(uid or 0), int(gid if gid is not None else 0), None
+
+    def _env_from(self, spec: dict, env: dict[str, str]) -> str | None:
+        """envFrom, as kubelet 1.35 reads it: each Secret's or ConfigMap's keys (behind the prefix)
+        before `env`, which wins; a key that is not a variable name skipped with an
+        InvalidEnvironmentVariableNames event; a missing source a config error unless optional."""
+        for source in spec.get("envFrom") or []:
+            kind = "Secret" if source.get("secretRef") else "ConfigMap"
+            ref = source.get("secretRef") or source.get("configMapRef") or {}
+            plural = "secrets" if kind == "Secret" else "configmaps"
+            found = self.api.get_or_none(
+                f"/api/v1/namespaces/{self.ns}/{plural}/{ref.get('name', '')}"
+            )
+            if found is None:
+                if ref.get("optional"):
+                    continue
+                return f'{kind.lower()} "{ref.get("name")}" not found'
+            data = dict(found.get("data") or {})
+            if kind == "Secret":
+                data = {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in data.items()}
+            invalid = []
+            for key, value in data.items():
+                key = (source.get("prefix") or "") + key
+                if not re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", key):
+                    invalid.append(key)
+                    continue
+                env[key] = value
+            if invalid:
+                self.event(
+                    "Warning",
+                    "InvalidEnvironmentVariableNames",
+                    f"Keys [{', '.join(sorted(invalid))}] from the EnvFrom {kind.lower()} "
+                    f"{self.ns}/{ref.get('name')} were skipped since they are considered invalid "
+                    f"environment variable names.",
+                )
+        return None
 
 
 class _KubeletHandler(http.server.BaseHTTPRequestHandler):

@@ -4,9 +4,10 @@ The API server refuses to proxy to a loopback pod IP (pods/proxy answers 400 "ad
 allowed"), so on the real-control-plane tier a pod that declares ports gets a real address,
 10.246.B.H, inside a network namespace the tests make (`rldemo-pods-<pid>-<n>`): on the
 namespace's end of a veth pair whose host end holds 10.246.B.1, with a host route for
-10.246.B.0/24 through it. The API server, on the host's loopback, reaches the pods there;
-the pods reach each other and the host end's address (as a node's pods reach their node),
-nothing else. B is the first block whose veth name is free on this
+10.246.B.0/24 through it (and a block more, on a veth pair of its own, whenever the blocks
+it holds are full: 253 serving pods a block). The API server, on the host's loopback,
+reaches the pods there; the pods reach each other and the host end's address (as a node's
+pods reach their node), nothing else. B is the first block whose veth name is free on this
 machine and whose /24 no host route covers yet, so agents running side by side never share
 one, and no address outside the namespace is ever used. Such a pod's sandbox (bubblewrap,
 keeping the network namespace it is started in) runs in that namespace through nsenter; its
@@ -34,7 +35,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 PREFIX = "10.246"
 NAME_PREFIX = "rldemo-pods"
@@ -75,10 +76,11 @@ class PodNetwork:
         self.name = f"{NAME_PREFIX}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
         self.netns_path = f"/run/netns/{self.name}"
         self.record: Optional[Path] = None
-        self.block: Optional[int] = None
-        self.device = ""  # the namespace's end of the veth pair
+        self.block: Optional[int] = None  # the first block
+        self.devices: Dict[int, str] = {}  # block -> the namespace's end of its veth pair
+        self.links: List[str] = []  # the host ends, for the record
         self.given: set = set()
-        self.next_host = HOSTS.start
+        self.next_host: Dict[int, int] = {}
         self.lock = threading.Lock()
 
     @property
@@ -86,25 +88,26 @@ class PodNetwork:
         return f"{PREFIX}.{self.block}.0/24"
 
     def take(self) -> str:
-        """A free address for a pod, added in the namespace (made on the first call)."""
+        """A free address for a pod, added in the namespace (made on the first call; a block of
+        253 addresses more, on a veth pair of its own, each time the blocks held are full)."""
         with self.lock:
             if self.block is None:
                 self._start()
-            for _ in HOSTS:
-                host = self.next_host
-                self.next_host = host + 1 if host < HOSTS[-1] else HOSTS.start
-                address = f"{PREFIX}.{self.block}.{host}"
-                if address not in self.given:
-                    break
-            else:
-                raise PodNetworkError(f"all {len(HOSTS)} pod addresses of {self.subnet} are given")
+            found = self._free_address()
+            if found is None:
+                self._claim_block()
+                found = self._free_address()
+            if found is None:
+                raise PodNetworkError(f"no pod address left in {PREFIX}.0.0/16")
+            address, block = found
+            device = self.devices[block]
             self.given.add(address)
         try:
-            ip("addr", "add", f"{address}/32", "dev", self.device, netns=self.name)
+            ip("addr", "add", f"{address}/32", "dev", device, netns=self.name)
             # The kernel drops a device's routes with its last address: the way back to the host
             # end is made again whenever a pod's address arrives (after the namespace stood empty).
-            gateway = f"{PREFIX}.{self.block}.1"
-            ip("route", "replace", f"{gateway}/32", "dev", self.device, netns=self.name)
+            gateway = f"{PREFIX}.{block}.1"
+            ip("route", "replace", f"{gateway}/32", "dev", device, netns=self.name)
         except PodNetworkError:
             with self.lock:
                 self.given.discard(address)
@@ -117,7 +120,20 @@ class PodNetwork:
             if address not in self.given:
                 return
             self.given.discard(address)
-        ip("addr", "del", f"{address}/32", "dev", self.device, netns=self.name, check=False)
+        device = self.devices[int(address.split(".")[2])]
+        ip("addr", "del", f"{address}/32", "dev", device, netns=self.name, check=False)
+
+    def _free_address(self) -> Optional[Tuple[str, int]]:
+        """(address, its block): the next one not given, each block taken in turn round its
+        hosts (an address just let go is not handed out again at once)."""
+        for block in self.devices:
+            for _ in HOSTS:
+                host = self.next_host.get(block, HOSTS.start)
+                self.next_host[block] = host + 1 if host < HOSTS[-1] else HOSTS.start
+                address = f"{PREFIX}.{block}.{host}"
+                if address not in self.given:
+                    return address, block
+        return None
 
     def enter(self, argv: List[str]) -> List[str]:
         """`argv` run inside the namespace."""
@@ -129,6 +145,7 @@ class PodNetwork:
 
         with self.lock:
             record, self.record, self.block = self.record, None, None
+            self.devices, self.links = {}, []
         if record is not None and record.exists():
             problems = real_node.teardown(record)
             if problems:
@@ -155,6 +172,7 @@ class PodNetwork:
             self._claim_block()
         except BaseException:
             record, self.record, self.block = self.record, None, None
+            self.devices, self.links = {}, []
             real_node.teardown(record)
             raise
 
@@ -173,14 +191,16 @@ class PodNetwork:
                 if "exists" in made.stderr:
                     continue  # another agent's block
                 raise PodNetworkError(f"ip link add {host_end} type veth: {made.stderr.strip()}")
-            self._save_state([host_end])
+            self.links.append(host_end)
+            self._save_state(self.links)
             gateway = f"{PREFIX}.{block}.1"
             ip("addr", "add", f"{gateway}/32", "dev", host_end)
             ip("link", "set", host_end, "up")
             ip("link", "set", ns_end, "up", netns=self.name)
             ip("route", "add", f"{gateway}/32", "dev", ns_end, netns=self.name)
             ip("route", "add", str(subnet), "dev", host_end, "src", gateway)
-            self.block, self.device = block, ns_end
+            self.devices[block] = ns_end
+            self.block = self.block or block
             return
         raise PodNetworkError(f"no free block in {PREFIX}.0.0/16 for the pod network")
 

@@ -141,9 +141,13 @@ def _python_files(python: str) -> Dict[str, str]:
                 continue
             source = os.path.join(root, name)
             files[f"/usr/local/lib/python{version}/{os.path.relpath(source, stdlib)}"] = source
+    # The shell and `true`, as the guide's Alpine image has them (busybox there, Debian's dash and
+    # coreutils here): a shell-string command, and an empty command that starts no Python.
+    files["/bin/sh"] = os.path.realpath(shutil.which("sh") or "/bin/sh")
+    files["/bin/true"] = os.path.realpath(shutil.which("true") or "/bin/true")
     libraries: Dict[str, str] = {}
     for target, source in list(files.items()):
-        if target.startswith("/usr/local/bin/") or source.endswith(".so"):
+        if target.startswith(("/usr/local/bin/", "/bin/")) or source.endswith(".so"):
             for line in run(["ldd", source], check=False).stdout.splitlines():
                 parts = line.split()
                 path = (
@@ -230,7 +234,7 @@ def ensure_image_layers(node_bin: Path, log: Any = print) -> Dict[str, Path]:
     IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
     python = python_for_image()
     python_layer = (
-        IMAGE_CACHE / f"python-{Path(os.path.realpath(python)).parent.parent.name}-pyc.tar"
+        IMAGE_CACHE / f"python-{Path(os.path.realpath(python)).parent.parent.name}-pyc-sh.tar"
     )
     if not python_layer.exists():
         started = time.monotonic()

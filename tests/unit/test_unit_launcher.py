@@ -204,3 +204,51 @@ def test_a_launched_pod_stopped_at_its_deadline_is_the_infrastructures() -> None
     assert demo.episode_row(0, [pod], make_job(), {"p": ""}, False, None, 1)["failure_class"] == (
         "episode"
     )
+
+
+def deadline_message(pod: dict, parts: str | None, builtin: bool = False) -> str:
+    """The failure of `pod` stopped at its deadline of 34 s, made of `parts` as the run recorded it."""
+    pod["status"].update(reason="DeadlineExceeded", message="Pod was active on the node longer")
+    pod["spec"]["activeDeadlineSeconds"] = 34
+    if parts is not None:
+        pod["metadata"].setdefault("annotations", {})[demo.DEADLINE_ANNOTATION] = parts
+    return demo.episode_row(0, [pod], make_job(), {"p": ""}, builtin, None, 1)["failure"]
+
+
+@pytest.mark.parametrize(
+    "given, parts",
+    [
+        ({"episode_timeout": 4}, "--episode-timeout 4 + 30 s for the pod to start"),
+        ({"pull_timeout": 60}, "--pull-timeout 60"),
+        (
+            {"pull_timeout": 60, "episode_timeout": 4},
+            "--pull-timeout 60 + --episode-timeout 4 + 30 s for the pod to start",
+        ),
+        ({}, None),
+    ],
+)
+def test_a_time_out_names_only_the_flags_given(given: dict, parts: str | None) -> None:
+    settings = demo.Settings(count=2, parallelism=2, rollout=True, **given)
+    (job,) = demo.batch_jobs("ns", settings, "rollout", [], [demo.ImageGroup("img", (0, 1))])
+    annotations = job["spec"]["template"]["metadata"].get("annotations") or {}
+    assert annotations.get(demo.DEADLINE_ANNOTATION) == parts
+    if parts is None:
+        return
+    # Several images: each Job's pods say the same.
+    groups = [demo.ImageGroup("a", (0,)), demo.ImageGroup("b", (1,))]
+    for each in demo.batch_jobs("ns", settings, "rollout", [], groups):
+        assert (
+            each["spec"]["template"]["metadata"]["annotations"][demo.DEADLINE_ANNOTATION] == parts
+        )
+    stopped = deadline_message(launched(indexed_pod("p", 0, phase="Failed", exit_code=137)), parts)
+    started = deadline_message(indexed_pod("p", 0, phase="Failed", exit_code=137), parts, True)
+    never = indexed_pod("p", 0, phase="Failed", exit_code=None)
+    never["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ErrImagePull"}}
+    unstarted = deadline_message(never, parts)
+    for message in (stopped, started, unstarted):
+        assert f"({parts})" in message or f"(its deadline: {parts})" in message, message
+        for flag in ("--pull-timeout", "--episode-timeout"):
+            assert (flag in message) is (flag in parts), message
+    assert stopped.startswith("stopped at its pod's deadline of 34 s from its start on the node")
+    assert started.startswith("ran out of time: still running 34 s after its pod started")
+    assert unstarted.startswith("container never started within its pod's deadline of 34 s")

@@ -398,10 +398,13 @@ def test_runs_are_namespaces_with_the_label_and_the_tools_jobs_inside() -> None:
         "jobs_planned": None,
         "between_batches": False,
         "last_job_ended": None,
+        "follower": None,
     }
     assert demo.run_record(guide, T0)["run_id"] == "guide0000000"
     table = demo.runs_table(runs, T0 + 3600).splitlines()
-    assert table[0].split() == ["NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES"]
+    assert table[0].split() == [
+        *("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES", "FOLLOWER")
+    ]
     assert table[1].split() == [
         NAMESPACE,
         "running",
@@ -409,6 +412,7 @@ def test_runs_are_namespaces_with_the_label_and_the_tools_jobs_inside() -> None:
         "6/7",
         "alice",
         "bastion-1:/runs/a",
+        "-",
         "-",
     ]
     assert table[2].split() == [
@@ -419,6 +423,7 @@ def test_runs_are_namespaces_with_the_label_and_the_tools_jobs_inside() -> None:
         "-",
         "(guide's",
         "script)",
+        "-",
         "-",
     ]
 

@@ -143,3 +143,134 @@ def test_distributions_are_the_tools_percentiles_and_empty_ones_none() -> None:
     figures = demo.distribution([0.4, 0.1, 0.3, 0.2], (0.5, 0.99))
     assert figures == {"p50": 0.25, "p99": pytest.approx(0.397, abs=1e-6), "max": 0.4}
     assert demo.distribution([], (0.5,)) == {"p50": None, "max": None}
+
+
+def test_a_hardened_pool_lets_nothing_out_and_only_the_sandbox_port_in() -> None:
+    # A deny-all ingress policy, where a CNI enforces it, refuses the API server's pod proxy too:
+    # it comes from a node's address. The sandbox port stays open, the token guarding it.
+    policy = demo.pool_network_policy_manifest("ns")
+    assert policy["spec"] == {
+        "podSelector": {},
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [{"ports": [{"protocol": "TCP", "port": demo.SANDBOX_PORT}]}],
+    }
+    assert "egress" not in policy["spec"]
+
+
+def serve_once(path: Path, answer: bytes) -> None:
+    import socket
+    import threading
+
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def answer_one() -> None:
+        connection, _ = listener.accept()
+        connection.recv(65536)
+        connection.sendall(answer)
+        connection.close()
+        listener.close()
+
+    threading.Thread(target=answer_one, daemon=True).start()
+
+
+@pytest.mark.parametrize(
+    "answer, on_the_way",
+    [
+        # `kubectl proxy` with its API server down: its own 500, in plain text.
+        (
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: 28\r\n\r\ndial tcp: connection refused",
+            True,
+        ),
+        # The API server's own refusal: a Status.
+        (
+            b'HTTP/1.1 503 Service Unavailable\r\nContent-Length: 30\r\n\r\n{"kind":"Status","code":503}  ',
+            True,
+        ),
+        # The sandbox server's own error: its header.
+        (
+            b"HTTP/1.1 500 Internal Server Error\r\nX-Sandbox-Answer: 1\r\nContent-Length: 2"
+            b"\r\n\r\n{}",
+            False,
+        ),
+    ],
+)
+def test_an_answer_without_the_sandboxs_header_came_from_the_way_there(
+    tmp_path: Path, answer: bytes, on_the_way: bool
+) -> None:
+    serve_once(tmp_path / "s", answer)
+    client = demo.ProxyClient(str(tmp_path / "s"), lambda line: None)
+    got = client.request("GET", "/x", None, {}, 10.0)
+    assert got.from_api_server is on_the_way
+
+
+class FlakyPool:
+    """What a Sandbox asks of its pool, its requests failing `failures` times first."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.asked = failures, 0
+        self.state = demo.PoolState()
+        self.state.apply(pod("a"), False, "pool")
+
+    def request(self, *args: object) -> object:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise demo.SandboxLost("a", "500 dial tcp: connection refused")
+        return demo.ProxyAnswer(200, b"x", False)
+
+
+def test_a_retried_request_is_sent_again_while_its_pod_runs(monkeypatch) -> None:
+    monkeypatch.setattr(demo.MODULES["pool"].time, "sleep", lambda seconds: None)
+    view = demo.PodView("a", "pool")
+    flaky = FlakyPool(3)
+    sandbox = demo.Sandbox(flaky, view, 0, None, 0.0, True)
+    assert sandbox._ask("GET", "file", None, 5.0, True).body == b"x"
+    assert flaky.asked == 4 and sandbox.lost is None
+    # Without retry (a command), the first failure loses the sandbox, for good.
+    once = demo.Sandbox(FlakyPool(1), view, 1, None, 0.0, True)
+    with pytest.raises(demo.SandboxLost):
+        once._ask("POST", "run", b"{}", 5.0, False)
+    with pytest.raises(demo.SandboxLost):
+        once._ask("POST", "run", b"{}", 5.0, True)
+    assert once.lost is not None
+
+
+def test_a_retried_request_stops_once_the_pod_is_gone(monkeypatch) -> None:
+    monkeypatch.setattr(demo.MODULES["pool"].time, "sleep", lambda seconds: None)
+    flaky = FlakyPool(100)
+    flaky.state.apply(pod("a", "Failed"), True, "pool")
+    sandbox = demo.Sandbox(flaky, demo.PodView("a", "pool"), 0, None, 0.0, True)
+    with pytest.raises(demo.SandboxLost):
+        sandbox._ask("GET", "file", None, 5.0, True)
+    assert flaky.asked == 1
+
+
+def test_a_pools_episodes_csv_holds_server_ready_and_server_start_with_their_precision() -> None:
+    import csv
+    import io
+
+    line = {
+        "index": 0, "sandbox": "pool-a", "image": "img", "reward": 1.0, "warm": True,
+        "commands": 2, "command_seconds": 0.02, "claimed_at": 110.5, "finished_at": 111.0,
+        "claim_wait_seconds": 0.00001, "task_id": "t1", "failure_class": None,
+        "failure": None, "valid": True,
+    }  # fmt: skip
+    point = {
+        "pod": "pool-a", "pod_created_at": 100.0, "container_started_at": 101.0,
+        "server_ready_at": 101.25, "server_start_seconds": 0.25,
+    }  # fmt: skip
+    rows = list(csv.DictReader(io.StringIO(demo.pool_episodes_csv([line], [point]))))
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["server_ready_at"], row["server_ready_source"]) == (
+        "101.25",
+        "the sandbox server's clock",
+    )
+    assert (row["server_start_seconds"], row["server_start_precision_seconds"]) == ("0.25", "1.0")
+    assert (row["container_started_at"], row["container_started_precision_seconds"]) == (
+        "101.0",
+        "1.0",
+    )
+    assert (row["claimed_at"], row["finished_at"], row["task_id"]) == ("110.5", "111.0", "t1")

@@ -1165,6 +1165,7 @@ def test_a_failed_cleanup_after_a_failed_run_names_it_as_the_caller_spelled_it(
             "receipt": None,
             "output": "runs/out",
             "spelling": spelling,
+            "cleanup_ahead": None,
         },
     )
     with pytest.raises(demo.DemoError) as raised:

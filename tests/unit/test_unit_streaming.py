@@ -157,7 +157,7 @@ def test_a_pod_past_its_deadline_ran_out_of_time_unless_it_never_started() -> No
     assert demo.classify_attempt(pod, "", make_job(), True) == (
         "episode",
         "ran out of time: still running 30 s after its pod started (its deadline: "
-        "--episode-timeout, plus --pull-timeout, as given)",
+        "its pod's activeDeadlineSeconds)",
     )
     never = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=None))
     never["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff"}}
