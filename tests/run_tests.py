@@ -17,6 +17,11 @@ rl_batch_demo.py to what the package src/rl_batch_demo/ makes.
 Arguments it does not know (or everything after `--`) go to pytest and
 replace the default `tests` path.
 
+The parts only the real tiers run (the control plane, the real node, Jaeger), when missing, are
+built in the background at the lowest priority while the linters and the emulator's passes run
+(their lines start with [build]), and waited for before the real tiers' passes: a cold run's
+builds overlap its first tests instead of coming before them.
+
 With CI set, a missing prerequisite fails the run; otherwise it is reported and
 the tests that need it skip. Standard library only: it runs before anything is
 installed.
@@ -33,8 +38,10 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import build_control_plane  # noqa: E402  (needs the path above)
@@ -68,6 +75,15 @@ REAL_CLUSTER_ARGS = ["-n", "0", "-m", REAL_CLUSTER_MARKER, "tests"]
 REAL_NODE_MARKER = "real_node"
 REAL_NODE_ARGS = ["-n", "0", "-m", REAL_NODE_MARKER, "tests"]
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+# The parts of the real tiers alone, built when missing in the background (RealTierParts), at this
+# niceness: (label, the env var conftest.py reads, its builder module).
+REAL_TIER_PARTS = (
+    ("control plane", "RLDEMO_CONTROL_PLANE_BIN", build_control_plane),
+    ("real node", "RLDEMO_NODE_BIN", build_node),
+    ("jaeger", build_jaeger.ENV_VAR, build_jaeger),
+    ("kueue", "RLDEMO_KUEUE_BIN", build_kueue),
+)
+BUILD_NICENESS = 19
 # What runs before pytest, once, in the newest Python's venv: the code is judged, not the Python
 # it runs on. Their settings (rules, line length, strictness, mypy's files) are in pyproject.toml.
 # The shipped file is generated from the package: it is made again first, and a committed file
@@ -257,27 +273,11 @@ def check_kubectls(install: bool, missing: list[str]) -> dict[str, str]:
     return kubectls
 
 
-def check_control_plane(install: bool, missing: list[str]) -> str | None:
-    """Build (once) or find the real control plane binaries for the real-cluster tests."""
-    if build_control_plane.binaries_present():
-        say(f"  control plane {relative(build_control_plane.BIN_DIR)} (cached)")
-        return str(build_control_plane.BIN_DIR)
-    if not install:
-        missing.append("the control plane binaries (--no-install: not built)")
-        say("  control plane MISSING (not built: --no-install)")
-        return None
-    try:
-        return str(build_control_plane.ensure_built(log=lambda message, **_: say(f"  {message}")))
-    except build_control_plane.BuildError as error:
-        missing.append("the control plane binaries (kube-apiserver, etcd, ...; see above)")
-        say(f"  control plane CANNOT BUILD: {error}")
-        return None
-
-
 def check_go_tools(install: bool, missing: list[str]) -> dict[str, str]:
-    """Build (once) or find promtool and the Pushgateway, and Jaeger: {their env var: bin dir}."""
+    """Build (once) or find promtool and the Pushgateway (the emulator's tier reads metrics.prom
+    with them): {their env var: bin dir}."""
     found: dict[str, str] = {}
-    for builder, label in ((build_promtool, "promtool"), (build_jaeger, "jaeger")):
+    for builder, label in ((build_promtool, "promtool"),):
         if builder.binaries_present():
             say(f"  {label:<12} {relative(builder.BIN_DIR)} (cached)")
             found[builder.ENV_VAR] = str(builder.BIN_DIR)
@@ -295,38 +295,60 @@ def check_go_tools(install: bool, missing: list[str]) -> dict[str, str]:
     return found
 
 
-def check_node(install: bool, missing: list[str]) -> str | None:
-    """Build (once) or find the real node's binaries (kubelet, containerd, ...) and Debian's runc."""
-    if build_node.binaries_present() and not build_node.debian_missing():
-        say(f"  real node    {relative(build_node.BIN_DIR)} (cached)")
-        return str(build_node.BIN_DIR)
-    if not install:
-        missing.append("the real node's binaries (--no-install: not built)")
-        say("  real node    MISSING (not built: --no-install)")
-        return None
-    try:
-        return str(build_node.ensure_built(log=lambda message, **_: say(f"  {message}")))
-    except build_node.BuildError as error:
-        missing.append("the real node's binaries (kubelet, containerd, runc, ...; see above)")
-        say(f"  real node    CANNOT BUILD: {error}")
-        return None
+class RealTierParts:
+    """The parts only the real tiers run (the control plane, the real node, Jaeger), found in the
+    cache at once; those missing are built in a thread of their own, niced, while the linters and
+    the emulator's passes run, so that a cold run's builds (most of its setup) overlap its first
+    tests. `join` waits for them, before the first pass that needs them."""
 
+    def __init__(self, install: bool, missing: list[str]) -> None:
+        self.found: dict[str, str] = {}
+        self.missing = missing
+        self.todo: list[tuple[str, str, Any]] = []
+        self.thread: threading.Thread | None = None
+        for label, env_var, builder in REAL_TIER_PARTS:
+            if builder.binaries_present() and not getattr(builder, "debian_missing", list)():
+                say(f"  {label:<12} {relative(builder.BIN_DIR)} (cached)")
+                self.found[env_var] = str(builder.BIN_DIR)
+            elif not install:
+                missing.append(f"{label} (--no-install: not built)")
+                say(f"  {label:<12} MISSING (not built: --no-install)")
+            else:
+                self.todo.append((label, env_var, builder))
+                say(f"  {label:<12} to build (in the background)")
 
-def check_kueue(install: bool, missing: list[str]) -> str | None:
-    """Build (once) or find the Kueue manager and its manifests for the real-cluster queue tests."""
-    if build_kueue.binaries_present():
-        say(f"  kueue        {relative(build_kueue.BIN_DIR)} (cached)")
-        return str(build_kueue.BIN_DIR)
-    if not install:
-        missing.append("the Kueue manager (--no-install: not built)")
-        say("  kueue        MISSING (not built: --no-install)")
-        return None
-    try:
-        return str(build_kueue.ensure_built(log=lambda message, **_: say(f"  {message}")))
-    except build_kueue.BuildError as error:
-        missing.append("the Kueue manager (built with Go; see above)")
-        say(f"  kueue        CANNOT BUILD: {error}")
-        return None
+    def start(self) -> None:
+        if self.todo:
+            self.thread = threading.Thread(target=self._build, name="real tier builds")
+            self.thread.start()
+
+    def _build(self) -> None:
+        # Linux keeps a nice value per thread, and a child takes its starter's: the builds' compilers
+        # yield the cores to the tests.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BUILD_NICENESS)
+        with cache_lock():
+            for label, env_var, builder in self.todo:
+                started = time.monotonic()
+                try:
+                    built = builder.ensure_built(
+                        log=lambda message, **_: say(f"  [build] {message}")
+                    )
+                except builder.BuildError as error:
+                    self.missing.append(f"{label} (see [build] above)")
+                    say(f"  [build] {label} CANNOT BUILD: {error}")
+                    continue
+                self.found[env_var] = str(built)
+                say(f"  [build] {label} ready in {time.monotonic() - started:.0f} s")
+
+    def join(self) -> dict[str, str]:
+        """Wait for the builds (if any still run); {env var: bin dir} of every part there is."""
+        if self.thread is not None and self.thread.is_alive():
+            say()
+            say("== waiting for the real tiers' parts to finish building ...")
+            waited = time.monotonic()
+            self.thread.join()
+            say(f"  waited {time.monotonic() - waited:.0f} s")
+        return self.found
 
 
 def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) -> dict[str, Path]:
@@ -385,16 +407,10 @@ def pytest_environment(
     kubectls: dict[str, str],
     default_kubectl: str | None,
     bwrap: str | None,
-    control_plane: str | None,
     ci: bool,
-    node: str | None = None,
 ) -> dict[str, str]:
     """Our environment plus what conftest.py reads, so pytest does not search again."""
     env = dict(os.environ, RLDEMO_KUBECTLS=json.dumps(kubectls), PYTHONUNBUFFERED="1")
-    if control_plane:
-        env["RLDEMO_CONTROL_PLANE_BIN"] = control_plane
-    if node:
-        env["RLDEMO_NODE_BIN"] = node
     if default_kubectl:
         env["RLDEMO_KUBECTL"] = default_kubectl
     if bwrap:
@@ -417,9 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         kubectls = check_kubectls(install, missing)
         default_kubectl = prereqs.default_kubectl(kubectls)
         say(f"  default kubectl: {default_kubectl or 'NONE'}")
-        control_plane = check_control_plane(install, missing)
-        node = check_node(install, missing)
-        kueue = check_kueue(install, missing)
+        real_parts = RealTierParts(install, missing)
         go_tools = check_go_tools(install, missing)
         venvs = check_pythons(tuple(args.python or prereqs.PYTHON_VERSIONS), install, missing)
         if not venvs and not ci:
@@ -430,20 +444,24 @@ def main(argv: list[str] | None = None) -> int:
         f"  end-to-end prerequisites required: {'yes' if prereqs.e2e_required() else 'no (missing ones skip)'}"
     )
     say(f"  setup took {time.monotonic() - started:.1f} s")
+    real_parts.start()
 
     if missing and ci:
         say()
         say(f"FAILED: missing prerequisites (CI is set): {', '.join(missing)}")
+        real_parts.join()
         return 1
     if missing:
         say(f"  WARNING: missing {', '.join(missing)}; tests that need them will skip")
     if not venvs:
         say("FAILED: no Python to run pytest with")
+        real_parts.join()
         return 1
 
     newest = REAL_CLUSTER_PYTHON if REAL_CLUSTER_PYTHON in venvs else list(venvs)[-1]
     failed_checks = run_checks(venvs[newest])
     if failed_checks:
+        real_parts.join()
         say()
         say(
             f"FAILED before pytest (not run): {'; '.join(failed_checks)}. Fix what is listed above, "
@@ -451,9 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
 
-    env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci, node)
-    if kueue:
-        env["RLDEMO_KUEUE_BIN"] = kueue
+    env = pytest_environment(kubectls, default_kubectl, bwrap, ci)
     env.update(go_tools)
     passes = []
     for version, python in venvs.items():
@@ -474,6 +490,12 @@ def main(argv: list[str] | None = None) -> int:
         passes.append((f"{newest} real node", venvs[newest], REAL_NODE_ARGS))
     results = []
     for label, python, command_args in passes:
+        if pytest_args or label.endswith(("real cluster", "real node")):
+            env.update(real_parts.join())  # every part there is, once built
+            if missing and ci:
+                say(f"FAILED: missing prerequisites (CI is set): {', '.join(missing)}")
+                results.append((label, 1, "not run: parts missing", 0.0))
+                break
         say()
         say(f"== pytest on Python {label}: python -m pytest {' '.join(command_args)}")
         run_started = time.monotonic()

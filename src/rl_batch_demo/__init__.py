@@ -37,6 +37,7 @@ shipped single file holds them in this order, each part opening with its source 
     telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
     kube: the one edge to the cluster: `Kubectl`, `ApiProxy` (shared by a process's runs), paged reads.
+    proxied: requests in kubectl's stead: a trainer's steps through one `kubectl proxy` kept for the process.
     sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.
     watch: watching a batch: its Jobs as one, watches, polling, progress line, logs as pods end.
     follow: following a batch: its state, rewards, the follower, its evidence.

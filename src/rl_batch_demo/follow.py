@@ -306,9 +306,8 @@ class RewardStream:
         self.rows: dict[int, dict] = {}
         self.deliveries: list[Delivery] = []
         self.pods_of: dict[int, set[str]] = {}
-        self.waiting: set[int] = (
-            set()
-        )  # an attempt of theirs ended: settled once the log or the Job says so
+        # An attempt of theirs ended: settled once the log or the Job says so.
+        self.waiting: set[int] = set()
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
         # An attach's: the lines a client that is gone wrote, written again and never redelivered.
         for row in kept:
@@ -378,16 +377,9 @@ class RewardStream:
         self.waiting.discard(index)
         self._count_group(index, streamed)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
+        ok = row["failure_class"] is None
         self.deliveries.append(
-            Delivery(
-                index,
-                row["failure_class"] is None,
-                written,
-                after,
-                before,
-                streamed,
-                seen_terminated,
-            )
+            Delivery(index, ok, written, after, before, streamed, seen_terminated)
         )
         if self.on_reward is not None:
             try:

@@ -21,7 +21,11 @@ from .constants import (
 from .model import DemoError
 from .files import Receipt
 from .parse import parse_time
-from .kube import Kubectl, KubectlError
+from .kube import (
+    Kubectl,
+    KubectlError,
+)
+from .proxied import ProxiedKubectl, merge_patch
 
 
 class Holder(NamedTuple):
@@ -255,7 +259,11 @@ class FollowerLease:
     def __init__(
         self, kubectl: Kubectl, receipt: Receipt, output: str, lock_path: str, force: bool = False
     ) -> None:
-        self.kubectl = Kubectl(kubectl.binary, kubectl.context, kubectl.verbose)
+        self.kubectl = (
+            kubectl.sibling()
+            if isinstance(kubectl, ProxiedKubectl)
+            else Kubectl(kubectl.binary, kubectl.context, kubectl.verbose)
+        )
         self.receipt = receipt
         self.output = output
         self.lock_path = lock_path
@@ -332,15 +340,12 @@ class FollowerLease:
         if resource_version:
             metadata["resourceVersion"] = resource_version
         try:
-            self.kubectl.run(
-                [
-                    "patch",
-                    "namespace",
-                    self.receipt.namespace,
-                    "--type=merge",
-                    "-p",
-                    json.dumps({"metadata": metadata}),
-                ],
+            merge_patch(
+                self.kubectl,
+                "namespace",
+                self.receipt.namespace,
+                None,
+                {"metadata": metadata},
                 retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
             )
         except KubectlError as error:

@@ -19,7 +19,11 @@ from .constants import (
 from .model import COMMAND_LINE, DemoError, Settings, Spelling
 from .files import write_json
 from .manifests import capacity_plan, capacity_warning
-from .kube import Kubectl, KubectlError, api_whoami, kubeconfig_files, recently_read
+from .kube import (
+    Kubectl,
+    KubectlError,
+)
+from .proxied import api_whoami, kubeconfig_files, recently_read
 from .follow import RunContext
 
 

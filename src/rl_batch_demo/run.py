@@ -99,10 +99,8 @@ from .kube import (
     Kubectl,
     KubectlError,
     PodReading,
-    ProxiedKubectl,
-    api_create,
-    shared_proxy,
 )
+from .proxied import ProxiedKubectl, api_create, shared_proxy
 from .watch import BatchJobs, WatchStream, pod_terminal
 from .follow import (
     BatchEvidence,

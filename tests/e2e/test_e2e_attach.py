@@ -287,8 +287,14 @@ def test_a_run_killed_before_its_job_existed_never_started_and_attach_cleans_up(
     wrapper, reached = blocking_kubectl(tmp_path, kubectl, block_create='"kind": "Job"')
     flags = held_flags(tmp_path, "out", TASKS)
     process = start_tool(emulator, str(wrapper), "run", **flags)
-    kill_when(process, reached)
     output = flags["output"]
+    try:
+        wait_for(reached.exists, what="the kill point")
+        # The lease is claimed by a thread of its own once the namespace exists: held, then killed.
+        wait_for(lambda: lease_on(emulator, namespace_of(output)), what="the lease")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
     namespace = namespace_of(output)
     assert lease_on(emulator, namespace) is not None  # the namespace is there, held by the dead
     result = attach(emulator, kubectl, output)

@@ -140,7 +140,7 @@ def test_the_context_is_asked_of_kubectl_once_per_kubeconfig(
 def test_cluster_wide_facts_are_read_once_in_a_while_and_a_failure_never_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    kube = demo.MODULES["kube"]
+    kube = demo.MODULES["proxied"]
     monkeypatch.setattr(kube, "RECENT_READS", {})
     reads: list[str] = []
 
