@@ -3691,9 +3691,12 @@ def token_secret_manifest(namespace: str, token: str) -> dict:
     }
 
 
-def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
-    """The container that serves a trainer's commands: the episode container's limits and
-    security, listening on its pod's IP, with the run's token."""
+def server_container(
+    image: str, harden: bool, idle_timeout: int, pod: EpisodePod = GUIDE_POD
+) -> dict:
+    """The container that serves a trainer's commands: the episode container's security, the
+    requests and limits of `pod` (--cpu, --memory), listening on its pod's IP, with the run's
+    token; its --env after the tool's own, and its Secrets' keys (envFrom)."""
     security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -3706,8 +3709,8 @@ def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
         {"name": "SANDBOX_PORT", "value": str(SANDBOX_PORT)},
         {"name": "SANDBOX_IDLE_SECONDS", "value": str(idle_timeout)},
         {"name": "SANDBOX_TOKEN_FILE", "value": f"{TOKEN_MOUNT}/{TOKEN_KEY}"},
-    ]
-    return {
+    ] + [{"name": key, "value": value} for key, value in pod.env]
+    container: dict[str, Any] = {
         "name": SANDBOX_CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -3715,10 +3718,7 @@ def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
         "env": env,
         "ports": [{"name": "sandbox", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
         "securityContext": security,
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "128Mi"},
-        },
+        "resources": pod_resources(pod),
         "volumeMounts": [
             {"name": "demo", "mountPath": "/demo", "readOnly": True},
             {"name": "workspace", "mountPath": "/workspace"},
@@ -3726,10 +3726,19 @@ def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
             {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
         ],
     }
+    if pod.secrets:
+        container["envFrom"] = [{"secretRef": {"name": secret.name}} for secret in pod.secrets]
+    return container
 
 
 def pool_job_manifest(
-    namespace: str, name: str, size: int, episodes: int, image: str, settings: PoolShape
+    namespace: str,
+    name: str,
+    size: int,
+    episodes: int,
+    image: str,
+    settings: PoolShape,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
     """One image's pool: `size` warm sandboxes at a time, `episodes` served in all (with reuse,
     each pod serves many and completes once). A sandbox left idle fails the Job, so a pool whose
@@ -3745,7 +3754,7 @@ def pool_job_manifest(
             "fsGroup": 1000,
             "runAsNonRoot": True,
         },
-        "containers": [server_container(image, settings.harden, settings.idle_timeout)],
+        "containers": [server_container(image, settings.harden, settings.idle_timeout, pod)],
         "volumes": [
             {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
             {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if settings.harden else {}},
@@ -16811,9 +16820,13 @@ def pool_images(
 
 def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Task]) -> RunPlan:
     """Every object a pool creates: its namespace, the token's Secret, the server's ConfigMap, a
-    Job per image (the pool's size shared between them as the episodes are)."""
-    settings, namespace = run.settings, run.namespace
+    Job per image (the pool's size shared between them as the episodes are). In a namespace it
+    shares (--namespace): no namespace, each object named with the run's suffix and labelled
+    with its id; with --queue, each Job carries Kueue's queue label."""
+    settings, namespace, run_id = run.settings, run.namespace, run.receipt.run_id
     setup = [pool_network_policy_manifest(namespace)] if shape.harden else []
+    if not settings.shared_namespace:  # a Secret of the shared namespace is read where it is
+        setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
     setup += [
         token_secret_manifest(namespace, token),
         {
@@ -16825,22 +16838,66 @@ def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Tas
     ]
     images = pool_images(tasks, settings.image, settings.image_map)
     sizes = parallelism_shares(settings.parallelism, [settings.count] * len(images))
+    suffix = run_suffix(run_id) if settings.shared_namespace else ""
     jobs = [
         pool_job_manifest(
             namespace,
-            POOL_JOB_NAME if len(images) == 1 else f"{POOL_JOB_NAME}-{number}",
+            (POOL_JOB_NAME if len(images) == 1 else f"{POOL_JOB_NAME}-{number}") + suffix,
             size,
             settings.count,
             image,
             shape,
+            settings.pod,
         )
         for number, (image, size) in enumerate(zip(images, sizes))
     ]
+    if settings.shared_namespace:
+        shared = shared_jobs({POOL_JOB_NAME: jobs}, setup, run_id, None, None, settings.queue)
+        for job in shared[POOL_JOB_NAME]:
+            rename_token_volume(job, TOKEN_SECRET + suffix)
+        return RunPlan(None, shared_setup(setup, run_id), shared)
+    if settings.queue:
+        jobs = [queued_job(job, settings.queue) for job in jobs]
     return RunPlan(
-        namespace_manifest(namespace, run.receipt.run_id, shape.harden),
+        namespace_manifest(namespace, run_id, shape.harden),
         setup,
         {POOL_JOB_NAME: jobs},
     )
+
+
+def rename_token_volume(job: dict, secret: str) -> None:
+    """A pool Job's token volume, pointed at the token's Secret by its name in a shared namespace."""
+    for volume in job["spec"]["template"]["spec"]["volumes"]:
+        if (volume.get("secret") or {}).get("secretName") == TOKEN_SECRET:
+            volume["secret"]["secretName"] = secret
+
+
+# The sandbox server's own environment: --env may not replace it.
+SERVER_ENV = ("POD_IP", "SANDBOX_PORT", "SANDBOX_IDLE_SECONDS", "SANDBOX_TOKEN_FILE")
+
+
+def check_pool_pod(request: RunRequest) -> None:
+    """What a pool's sandboxes may be given beside the server: no --env of the server's own, no
+    --allow-egress (a hardened pool lets nothing out), and in a shared namespace a Secret of that
+    namespace (it is referenced where it is, not copied); UsageError says which."""
+    spelling = request.spelling
+    episode_pod(request)  # --cpu, --memory, --env, --env-from-secret as `run` checks them
+    for text in request.env:
+        key = text.partition("=")[0]
+        if key in SERVER_ENV:
+            raise UsageError(
+                f"{spelling.name('env')}: {key} is set by the tool for the sandbox server"
+            )
+    if request.allow_egress:
+        raise UsageError(f"{spelling.name('allow_egress')} is not a pool's setting")
+    for text in request.env_from_secret if request.namespace else ():
+        where, split, _name = text.rpartition("/")
+        if split and where != request.namespace:
+            raise UsageError(
+                f"{spelling.setting('env_from_secret', text)}: with "
+                f"{spelling.setting('namespace', request.namespace)} the pool reads a Secret of "
+                f"that namespace where it is; give its name alone"
+            )
 
 
 class Pool:
@@ -16889,6 +16946,12 @@ class Pool:
                 self.claimed += 1
                 self.first_claim = self.first_claim or asked
         if view is None:  # the Job's warnings are read with the lock let go
+            queued = job_queued(self, job)
+            if queued is not None:
+                raise DemoError(
+                    f"no sandbox became free in {time.monotonic() - asked:.0f} s: the pool's "
+                    f"Job {job} is queued, not yet admitted by Kueue ({queued})"
+                )
             raise claim_timeout(self.state, job, asked, job_warnings(self, job))
         waited = time.monotonic() - asked
         warm = view.warm_since is not None and view.warm_since <= asked
@@ -17238,6 +17301,20 @@ def claim_timeout(
     )
 
 
+def job_queued(pool: Pool, job: str) -> str | None:
+    """What Kueue says of the pool's Job while it holds it suspended (--queue); None when the pool
+    has no queue, the Job runs, or it cannot be read."""
+    if not pool.run.settings.queue:
+        return None
+    try:
+        live = proxy_json(pool, f"/apis/batch/v1/namespaces/{pool.run.namespace}/jobs/{job}")
+    except (OSError, DemoError, http.client.HTTPException, ValueError):
+        return None
+    if not (live.get("spec") or {}).get("suspend") or pool.state.closed:
+        return None
+    return queue_word(pool.run.kubectl, pool.run.namespace, live)
+
+
 def job_warnings(pool: Pool, job: str) -> list[str]:
     """The Job's own Warning events (FailedCreate: a quota, an admission policy), oldest first;
     none where they cannot be read."""
@@ -17364,13 +17441,29 @@ def proxy_json(pool: Pool, path: str) -> Any:
 def save_pool_evidence(pool: Pool) -> list[dict]:
     """job.json, pods.json, events.json and each pod's log, read through the proxy; the pods."""
     namespace, output = pool.run.namespace, pool.run.output
+    # In a namespace the pool shares: its own Jobs and pods (its run label), their events.
+    owned = (
+        "?" + urllib.parse.urlencode({"labelSelector": f"{RUN_LABEL}={pool.run.receipt.run_id}"})
+        if pool.run.settings.shared_namespace
+        else ""
+    )
     try:
-        jobs = proxy_json(pool, f"/apis/batch/v1/namespaces/{namespace}/jobs")
-        pods = proxy_json(pool, f"/api/v1/namespaces/{namespace}/pods")
+        jobs = proxy_json(pool, f"/apis/batch/v1/namespaces/{namespace}/jobs{owned}")
+        pods = proxy_json(pool, f"/api/v1/namespaces/{namespace}/pods{owned}")
         events = proxy_json(pool, f"/api/v1/namespaces/{namespace}/events")
     except (OSError, DemoError, http.client.HTTPException, ValueError) as error:
         print(f"Warning: the pool's evidence was not all saved: {error}", file=sys.stderr)
         return []
+    if owned:
+        names = {
+            item["metadata"]["name"]
+            for item in (jobs.get("items") or []) + (pods.get("items") or [])
+        }
+        events["items"] = [
+            event
+            for event in events.get("items") or []
+            if (event.get("involvedObject") or {}).get("name") in names
+        ]
     write_json(os.path.join(output, "job.json"), jobs)
     write_json(os.path.join(output, "pods.json"), pods)
     write_json(os.path.join(output, "events.json"), events)
@@ -17547,11 +17640,7 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
             )
         pool = Pool(run, shape, token)
         check_pool_access(pool)
-        check_capacity(run)
-        stamp_origin(run)
-        create_namespace(run)
-        for manifest in run.plan.setup:
-            create_object(run, manifest)
+        make_pool_setup(run)
         pool.cleanup = request.cleanup
         if run.settings.prepull:
             prepull(run)  # the images present on the nodes before any sandbox waits for one
@@ -17585,6 +17674,36 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
         else:
             close(run)
         raise
+
+
+def make_pool_setup(run: RunContext) -> None:
+    """Every check `run` makes before creating anything (a shared namespace's access, the queue's
+    quota or the nodes' capacity, the Secrets), then the namespace and the pool's setup objects;
+    in a shared namespace each object's UID is in the receipt before the next is made."""
+    check_shared_namespace(run)
+    if run.settings.queue:
+        check_queue(run)  # the queue's quota, not the nodes, holds the pool
+    else:
+        check_capacity(run)
+    secrets_read = read_pool_secrets(run)
+    stamp_origin(run)
+    create_namespace(run)
+    for manifest in run.plan.setup:
+        created = create_object(run, filled(manifest, secrets_read))
+        if run.receipt.shared:
+            metadata = created["metadata"]
+            run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
+    secrets_read.clear()
+
+
+def read_pool_secrets(run: RunContext) -> ReadSecrets:
+    """--env-from-secret before anything is made: each Secret read to be copied into the pool's
+    own namespace; in a namespace the pool shares, each found there (nothing to copy)."""
+    if not run.settings.shared_namespace:
+        return read_secrets(run)
+    for source in run.settings.pod.secrets:
+        read_secret(run, source._replace(namespace=run.namespace))
+    return {}
 
 
 # What a pool needs beyond a run: its token's Secret, its Jobs suspended at the end, and every
@@ -17753,8 +17872,9 @@ def pool_request(
 ) -> RunRequest:
     """A pool's settings as the request a run takes: `episodes` is its count, `size` its
     parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
-    context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose)."""
-    return RunRequest(
+    context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose, namespace, queue, cpu,
+    memory, env, env_from_secret)."""
+    request = RunRequest(
         output=output,
         count=episodes,
         parallelism=min(size, episodes),
@@ -17786,7 +17906,15 @@ def pool_request(
         verbose=bool(options.get("verbose")),
         rollout=True,
         spelling=spelling,
+        namespace=options.get("namespace"),
+        queue=options.get("queue"),
+        cpu=options.get("cpu"),
+        memory=options.get("memory"),
+        env=tuple(options.get("env") or ()),
+        env_from_secret=tuple(options.get("env_from_secret") or ()),
     )
+    check_pool_pod(request)
+    return request
 
 
 def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> int:
@@ -18819,7 +18947,21 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
 
 def episode_pod_arguments() -> argparse.ArgumentParser:
     """What each episode's pod is given: CPU and memory, environment, Secrets, egress."""
-    arguments = argument_set()
+    arguments = sandbox_pod_arguments(argument_set())
+    arguments.add_argument(
+        "--allow-egress",
+        action="append",
+        default=None,
+        metavar="HOST:PORT|CIDR",
+        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
+        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
+        "nothing else (a NetworkPolicy); repeatable",
+    )
+    return arguments
+
+
+def sandbox_pod_arguments(arguments: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """CPU and memory, environment and Secrets of each episode's (or sandbox's) container."""
     for flag, what, example, default in (
         ("--cpu", "CPU", "1 or 250m:1", "100m:500m"),
         ("--memory", "memory", "512Mi or 256Mi:1Gi", "64Mi:128Mi"),
@@ -18849,15 +18991,6 @@ def episode_pod_arguments() -> argparse.ArgumentParser:
         "of each episode's environment: the run copies it into its own namespace, which goes with "
         "it; its values are never printed or saved. Needs get on that Secret; repeatable",
     )
-    arguments.add_argument(
-        "--allow-egress",
-        action="append",
-        default=None,
-        metavar="HOST:PORT|CIDR",
-        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
-        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
-        "nothing else (a NetworkPolicy); repeatable",
-    )
     return arguments
 
 
@@ -18866,6 +18999,8 @@ def pool_arguments() -> list[argparse.ArgumentParser]:
     return [
         pool_shape_arguments(),
         pool_image_arguments(),
+        shared_cluster_arguments(),
+        sandbox_pod_arguments(argument_set()),
         context_arguments(),
         kubectl_arguments(),
         pool_behaviour_arguments(),
@@ -19446,6 +19581,11 @@ def pool_command(args: argparse.Namespace) -> int:
         "ttl": args.ttl,
         "quiet": args.quiet,
         "verbose": args.verbose,
+        **placement_arguments(args),
+        "cpu": args.cpu,
+        "memory": args.memory,
+        "env": args.env,
+        "env_from_secret": args.env_from_secret,
     }
     request = pool_request(args.output, args.size, args.episodes, tasks, options, COMMAND_LINE)
     shape = PoolShape(request.runtime, request.harden, args.reuse, args.idle_timeout)
@@ -19465,6 +19605,12 @@ POOL_RUN_OPTIONS = (
     "ttl",
     "quiet",
     "verbose",
+    "namespace",
+    "queue",
+    "cpu",
+    "memory",
+    "env",
+    "env_from_secret",
 )
 
 
@@ -20004,6 +20150,12 @@ POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
     "ttl": (int, type(None)),
     "quiet": (bool,),
     "verbose": (bool,),
+    "namespace": (str, type(None)),
+    "queue": (str, type(None)),
+    "cpu": (str, type(None)),
+    "memory": (str, type(None)),
+    "env": (dict, list, tuple),
+    "env_from_secret": (list, tuple),
 }
 
 
@@ -20020,7 +20172,9 @@ def open_pool(
     """Open a pool of `size` live sandboxes serving `episodes` episodes; use it as a context
     manager (closing it saves its records and results, and deletes its namespace unless
     cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, prepull,
-    cleanup (default True), ttl (seconds), quiet (default True), verbose.
+    cleanup (default True), ttl (seconds), quiet (default True), verbose; namespace and queue
+    (a namespace it shares, a Kueue LocalQueue), cpu, memory, env ({"KEY": "VALUE"} or
+    ["KEY=VALUE"]) and env_from_secret for each sandbox.
 
         with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
             with pool.claim(task) as sandbox:
@@ -20044,6 +20198,8 @@ def open_pool(
             )
     if "kubectl" in options:
         options["kubectl"] = os.fspath(options["kubectl"])
+    if isinstance(options.get("env"), dict):  # env={"KEY": "VALUE"}, as os.environ reads
+        options["env"] = [f"{key}={value}" for key, value in options["env"].items()]
     if isinstance(tasks, (str, os.PathLike)):
         task_list: list[Task] | None = read_tasks(os.fspath(tasks), PYTHON_CALL)
     else:

@@ -470,6 +470,12 @@ POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
     "ttl": (int, type(None)),
     "quiet": (bool,),
     "verbose": (bool,),
+    "namespace": (str, type(None)),
+    "queue": (str, type(None)),
+    "cpu": (str, type(None)),
+    "memory": (str, type(None)),
+    "env": (dict, list, tuple),
+    "env_from_secret": (list, tuple),
 }
 
 
@@ -486,7 +492,9 @@ def open_pool(
     """Open a pool of `size` live sandboxes serving `episodes` episodes; use it as a context
     manager (closing it saves its records and results, and deletes its namespace unless
     cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, prepull,
-    cleanup (default True), ttl (seconds), quiet (default True), verbose.
+    cleanup (default True), ttl (seconds), quiet (default True), verbose; namespace and queue
+    (a namespace it shares, a Kueue LocalQueue), cpu, memory, env ({"KEY": "VALUE"} or
+    ["KEY=VALUE"]) and env_from_secret for each sandbox.
 
         with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
             with pool.claim(task) as sandbox:
@@ -510,6 +518,8 @@ def open_pool(
             )
     if "kubectl" in options:
         options["kubectl"] = os.fspath(options["kubectl"])
+    if isinstance(options.get("env"), dict):  # env={"KEY": "VALUE"}, as os.environ reads
+        options["env"] = [f"{key}={value}" for key, value in options["env"].items()]
     if isinstance(tasks, (str, os.PathLike)):
         task_list: list[Task] | None = read_tasks(os.fspath(tasks), PYTHON_CALL)
     else:

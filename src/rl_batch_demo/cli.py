@@ -429,7 +429,21 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
 
 def episode_pod_arguments() -> argparse.ArgumentParser:
     """What each episode's pod is given: CPU and memory, environment, Secrets, egress."""
-    arguments = argument_set()
+    arguments = sandbox_pod_arguments(argument_set())
+    arguments.add_argument(
+        "--allow-egress",
+        action="append",
+        default=None,
+        metavar="HOST:PORT|CIDR",
+        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
+        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
+        "nothing else (a NetworkPolicy); repeatable",
+    )
+    return arguments
+
+
+def sandbox_pod_arguments(arguments: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """CPU and memory, environment and Secrets of each episode's (or sandbox's) container."""
     for flag, what, example, default in (
         ("--cpu", "CPU", "1 or 250m:1", "100m:500m"),
         ("--memory", "memory", "512Mi or 256Mi:1Gi", "64Mi:128Mi"),
@@ -459,15 +473,6 @@ def episode_pod_arguments() -> argparse.ArgumentParser:
         "of each episode's environment: the run copies it into its own namespace, which goes with "
         "it; its values are never printed or saved. Needs get on that Secret; repeatable",
     )
-    arguments.add_argument(
-        "--allow-egress",
-        action="append",
-        default=None,
-        metavar="HOST:PORT|CIDR",
-        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
-        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
-        "nothing else (a NetworkPolicy); repeatable",
-    )
     return arguments
 
 
@@ -476,6 +481,8 @@ def pool_arguments() -> list[argparse.ArgumentParser]:
     return [
         pool_shape_arguments(),
         pool_image_arguments(),
+        shared_cluster_arguments(),
+        sandbox_pod_arguments(argument_set()),
         context_arguments(),
         kubectl_arguments(),
         pool_behaviour_arguments(),
@@ -1056,6 +1063,11 @@ def pool_command(args: argparse.Namespace) -> int:
         "ttl": args.ttl,
         "quiet": args.quiet,
         "verbose": args.verbose,
+        **placement_arguments(args),
+        "cpu": args.cpu,
+        "memory": args.memory,
+        "env": args.env,
+        "env_from_secret": args.env_from_secret,
     }
     request = pool_request(args.output, args.size, args.episodes, tasks, options, COMMAND_LINE)
     shape = PoolShape(request.runtime, request.harden, args.reuse, args.idle_timeout)
@@ -1075,6 +1087,12 @@ POOL_RUN_OPTIONS = (
     "ttl",
     "quiet",
     "verbose",
+    "namespace",
+    "queue",
+    "cpu",
+    "memory",
+    "env",
+    "env_from_secret",
 )
 
 

@@ -920,9 +920,12 @@ def token_secret_manifest(namespace: str, token: str) -> dict:
     }
 
 
-def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
-    """The container that serves a trainer's commands: the episode container's limits and
-    security, listening on its pod's IP, with the run's token."""
+def server_container(
+    image: str, harden: bool, idle_timeout: int, pod: EpisodePod = GUIDE_POD
+) -> dict:
+    """The container that serves a trainer's commands: the episode container's security, the
+    requests and limits of `pod` (--cpu, --memory), listening on its pod's IP, with the run's
+    token; its --env after the tool's own, and its Secrets' keys (envFrom)."""
     security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -935,8 +938,8 @@ def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
         {"name": "SANDBOX_PORT", "value": str(SANDBOX_PORT)},
         {"name": "SANDBOX_IDLE_SECONDS", "value": str(idle_timeout)},
         {"name": "SANDBOX_TOKEN_FILE", "value": f"{TOKEN_MOUNT}/{TOKEN_KEY}"},
-    ]
-    return {
+    ] + [{"name": key, "value": value} for key, value in pod.env]
+    container: dict[str, Any] = {
         "name": SANDBOX_CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -944,10 +947,7 @@ def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
         "env": env,
         "ports": [{"name": "sandbox", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
         "securityContext": security,
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "128Mi"},
-        },
+        "resources": pod_resources(pod),
         "volumeMounts": [
             {"name": "demo", "mountPath": "/demo", "readOnly": True},
             {"name": "workspace", "mountPath": "/workspace"},
@@ -955,10 +955,19 @@ def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
             {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
         ],
     }
+    if pod.secrets:
+        container["envFrom"] = [{"secretRef": {"name": secret.name}} for secret in pod.secrets]
+    return container
 
 
 def pool_job_manifest(
-    namespace: str, name: str, size: int, episodes: int, image: str, settings: PoolShape
+    namespace: str,
+    name: str,
+    size: int,
+    episodes: int,
+    image: str,
+    settings: PoolShape,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
     """One image's pool: `size` warm sandboxes at a time, `episodes` served in all (with reuse,
     each pod serves many and completes once). A sandbox left idle fails the Job, so a pool whose
@@ -974,7 +983,7 @@ def pool_job_manifest(
             "fsGroup": 1000,
             "runAsNonRoot": True,
         },
-        "containers": [server_container(image, settings.harden, settings.idle_timeout)],
+        "containers": [server_container(image, settings.harden, settings.idle_timeout, pod)],
         "volumes": [
             {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
             {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if settings.harden else {}},

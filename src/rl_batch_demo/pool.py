@@ -27,10 +27,12 @@ from .constants import (
     CONFIGMAP_NAME,
     POOL_JOB_NAME,
     RESULTS_FILE,
+    RUN_LABEL,
     REWARDS_FILE,
     SERVER_KEY,
     SERVER_SOURCE,
     TOKEN_HEADER,
+    TOKEN_SECRET,
 )
 from .model import Caller, DemoError, PoolShape, RunPlan, RunRequest, Spelling, Task, UsageError
 from .stats import percentile, rounded
@@ -66,6 +68,10 @@ from .sandboxes import (
 from .follow import RunContext
 from .preflight import check_capacity, check_runtime_class, save_run_records
 from .lifecycle import cleanup_namespace
+from .kueue import check_queue, check_shared_namespace, queue_word
+from .tenancy import queued_job, run_suffix, shared_jobs, shared_setup
+from .podspec import episode_pod, secret_copy_manifest
+from .secretcopy import ReadSecrets, filled, read_secret, read_secrets
 from .run import (
     close,
     create_namespace,
@@ -116,9 +122,13 @@ def pool_images(
 
 def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Task]) -> RunPlan:
     """Every object a pool creates: its namespace, the token's Secret, the server's ConfigMap, a
-    Job per image (the pool's size shared between them as the episodes are)."""
-    settings, namespace = run.settings, run.namespace
+    Job per image (the pool's size shared between them as the episodes are). In a namespace it
+    shares (--namespace): no namespace, each object named with the run's suffix and labelled
+    with its id; with --queue, each Job carries Kueue's queue label."""
+    settings, namespace, run_id = run.settings, run.namespace, run.receipt.run_id
     setup = [pool_network_policy_manifest(namespace)] if shape.harden else []
+    if not settings.shared_namespace:  # a Secret of the shared namespace is read where it is
+        setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
     setup += [
         token_secret_manifest(namespace, token),
         {
@@ -130,22 +140,66 @@ def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Tas
     ]
     images = pool_images(tasks, settings.image, settings.image_map)
     sizes = parallelism_shares(settings.parallelism, [settings.count] * len(images))
+    suffix = run_suffix(run_id) if settings.shared_namespace else ""
     jobs = [
         pool_job_manifest(
             namespace,
-            POOL_JOB_NAME if len(images) == 1 else f"{POOL_JOB_NAME}-{number}",
+            (POOL_JOB_NAME if len(images) == 1 else f"{POOL_JOB_NAME}-{number}") + suffix,
             size,
             settings.count,
             image,
             shape,
+            settings.pod,
         )
         for number, (image, size) in enumerate(zip(images, sizes))
     ]
+    if settings.shared_namespace:
+        shared = shared_jobs({POOL_JOB_NAME: jobs}, setup, run_id, None, None, settings.queue)
+        for job in shared[POOL_JOB_NAME]:
+            rename_token_volume(job, TOKEN_SECRET + suffix)
+        return RunPlan(None, shared_setup(setup, run_id), shared)
+    if settings.queue:
+        jobs = [queued_job(job, settings.queue) for job in jobs]
     return RunPlan(
-        namespace_manifest(namespace, run.receipt.run_id, shape.harden),
+        namespace_manifest(namespace, run_id, shape.harden),
         setup,
         {POOL_JOB_NAME: jobs},
     )
+
+
+def rename_token_volume(job: dict, secret: str) -> None:
+    """A pool Job's token volume, pointed at the token's Secret by its name in a shared namespace."""
+    for volume in job["spec"]["template"]["spec"]["volumes"]:
+        if (volume.get("secret") or {}).get("secretName") == TOKEN_SECRET:
+            volume["secret"]["secretName"] = secret
+
+
+# The sandbox server's own environment: --env may not replace it.
+SERVER_ENV = ("POD_IP", "SANDBOX_PORT", "SANDBOX_IDLE_SECONDS", "SANDBOX_TOKEN_FILE")
+
+
+def check_pool_pod(request: RunRequest) -> None:
+    """What a pool's sandboxes may be given beside the server: no --env of the server's own, no
+    --allow-egress (a hardened pool lets nothing out), and in a shared namespace a Secret of that
+    namespace (it is referenced where it is, not copied); UsageError says which."""
+    spelling = request.spelling
+    episode_pod(request)  # --cpu, --memory, --env, --env-from-secret as `run` checks them
+    for text in request.env:
+        key = text.partition("=")[0]
+        if key in SERVER_ENV:
+            raise UsageError(
+                f"{spelling.name('env')}: {key} is set by the tool for the sandbox server"
+            )
+    if request.allow_egress:
+        raise UsageError(f"{spelling.name('allow_egress')} is not a pool's setting")
+    for text in request.env_from_secret if request.namespace else ():
+        where, split, _name = text.rpartition("/")
+        if split and where != request.namespace:
+            raise UsageError(
+                f"{spelling.setting('env_from_secret', text)}: with "
+                f"{spelling.setting('namespace', request.namespace)} the pool reads a Secret of "
+                f"that namespace where it is; give its name alone"
+            )
 
 
 class Pool:
@@ -194,6 +248,12 @@ class Pool:
                 self.claimed += 1
                 self.first_claim = self.first_claim or asked
         if view is None:  # the Job's warnings are read with the lock let go
+            queued = job_queued(self, job)
+            if queued is not None:
+                raise DemoError(
+                    f"no sandbox became free in {time.monotonic() - asked:.0f} s: the pool's "
+                    f"Job {job} is queued, not yet admitted by Kueue ({queued})"
+                )
             raise claim_timeout(self.state, job, asked, job_warnings(self, job))
         waited = time.monotonic() - asked
         warm = view.warm_since is not None and view.warm_since <= asked
@@ -543,6 +603,20 @@ def claim_timeout(
     )
 
 
+def job_queued(pool: Pool, job: str) -> str | None:
+    """What Kueue says of the pool's Job while it holds it suspended (--queue); None when the pool
+    has no queue, the Job runs, or it cannot be read."""
+    if not pool.run.settings.queue:
+        return None
+    try:
+        live = proxy_json(pool, f"/apis/batch/v1/namespaces/{pool.run.namespace}/jobs/{job}")
+    except (OSError, DemoError, http.client.HTTPException, ValueError):
+        return None
+    if not (live.get("spec") or {}).get("suspend") or pool.state.closed:
+        return None
+    return queue_word(pool.run.kubectl, pool.run.namespace, live)
+
+
 def job_warnings(pool: Pool, job: str) -> list[str]:
     """The Job's own Warning events (FailedCreate: a quota, an admission policy), oldest first;
     none where they cannot be read."""
@@ -669,13 +743,29 @@ def proxy_json(pool: Pool, path: str) -> Any:
 def save_pool_evidence(pool: Pool) -> list[dict]:
     """job.json, pods.json, events.json and each pod's log, read through the proxy; the pods."""
     namespace, output = pool.run.namespace, pool.run.output
+    # In a namespace the pool shares: its own Jobs and pods (its run label), their events.
+    owned = (
+        "?" + urllib.parse.urlencode({"labelSelector": f"{RUN_LABEL}={pool.run.receipt.run_id}"})
+        if pool.run.settings.shared_namespace
+        else ""
+    )
     try:
-        jobs = proxy_json(pool, f"/apis/batch/v1/namespaces/{namespace}/jobs")
-        pods = proxy_json(pool, f"/api/v1/namespaces/{namespace}/pods")
+        jobs = proxy_json(pool, f"/apis/batch/v1/namespaces/{namespace}/jobs{owned}")
+        pods = proxy_json(pool, f"/api/v1/namespaces/{namespace}/pods{owned}")
         events = proxy_json(pool, f"/api/v1/namespaces/{namespace}/events")
     except (OSError, DemoError, http.client.HTTPException, ValueError) as error:
         print(f"Warning: the pool's evidence was not all saved: {error}", file=sys.stderr)
         return []
+    if owned:
+        names = {
+            item["metadata"]["name"]
+            for item in (jobs.get("items") or []) + (pods.get("items") or [])
+        }
+        events["items"] = [
+            event
+            for event in events.get("items") or []
+            if (event.get("involvedObject") or {}).get("name") in names
+        ]
     write_json(os.path.join(output, "job.json"), jobs)
     write_json(os.path.join(output, "pods.json"), pods)
     write_json(os.path.join(output, "events.json"), events)
@@ -852,11 +942,7 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
             )
         pool = Pool(run, shape, token)
         check_pool_access(pool)
-        check_capacity(run)
-        stamp_origin(run)
-        create_namespace(run)
-        for manifest in run.plan.setup:
-            create_object(run, manifest)
+        make_pool_setup(run)
         pool.cleanup = request.cleanup
         if run.settings.prepull:
             prepull(run)  # the images present on the nodes before any sandbox waits for one
@@ -890,6 +976,36 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
         else:
             close(run)
         raise
+
+
+def make_pool_setup(run: RunContext) -> None:
+    """Every check `run` makes before creating anything (a shared namespace's access, the queue's
+    quota or the nodes' capacity, the Secrets), then the namespace and the pool's setup objects;
+    in a shared namespace each object's UID is in the receipt before the next is made."""
+    check_shared_namespace(run)
+    if run.settings.queue:
+        check_queue(run)  # the queue's quota, not the nodes, holds the pool
+    else:
+        check_capacity(run)
+    secrets_read = read_pool_secrets(run)
+    stamp_origin(run)
+    create_namespace(run)
+    for manifest in run.plan.setup:
+        created = create_object(run, filled(manifest, secrets_read))
+        if run.receipt.shared:
+            metadata = created["metadata"]
+            run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
+    secrets_read.clear()
+
+
+def read_pool_secrets(run: RunContext) -> ReadSecrets:
+    """--env-from-secret before anything is made: each Secret read to be copied into the pool's
+    own namespace; in a namespace the pool shares, each found there (nothing to copy)."""
+    if not run.settings.shared_namespace:
+        return read_secrets(run)
+    for source in run.settings.pod.secrets:
+        read_secret(run, source._replace(namespace=run.namespace))
+    return {}
 
 
 # What a pool needs beyond a run: its token's Secret, its Jobs suspended at the end, and every
@@ -1058,8 +1174,9 @@ def pool_request(
 ) -> RunRequest:
     """A pool's settings as the request a run takes: `episodes` is its count, `size` its
     parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
-    context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose)."""
-    return RunRequest(
+    context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose, namespace, queue, cpu,
+    memory, env, env_from_secret)."""
+    request = RunRequest(
         output=output,
         count=episodes,
         parallelism=min(size, episodes),
@@ -1091,7 +1208,15 @@ def pool_request(
         verbose=bool(options.get("verbose")),
         rollout=True,
         spelling=spelling,
+        namespace=options.get("namespace"),
+        queue=options.get("queue"),
+        cpu=options.get("cpu"),
+        memory=options.get("memory"),
+        env=tuple(options.get("env") or ()),
+        env_from_secret=tuple(options.get("env_from_secret") or ()),
     )
+    check_pool_pod(request)
+    return request
 
 
 def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> int:

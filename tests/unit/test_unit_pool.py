@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -274,3 +275,115 @@ def test_a_pools_episodes_csv_holds_server_ready_and_server_start_with_their_pre
         "1.0",
     )
     assert (row["claimed_at"], row["finished_at"], row["task_id"]) == ("110.5", "111.0", "t1")
+
+
+def planned_pool(harden: bool = False, **options: object) -> tuple[object, dict]:
+    """A pool's plan from its options, as pool_request and start_run make them (no cluster)."""
+    request = demo.pool_request("out", 4, 16, None, dict(options), demo.COMMAND_LINE)
+    settings = SimpleNamespace(
+        shared_namespace=request.namespace is not None,
+        queue=request.queue,
+        pod=demo.episode_pod(request),
+        image=request.image,
+        image_map=(),
+        parallelism=request.parallelism,
+        count=request.count,
+    )
+    run = SimpleNamespace(
+        settings=settings,
+        namespace=request.namespace or "rl-batch-demo-abc",
+        receipt=SimpleNamespace(run_id="abc123"),
+    )
+    plan = demo.pool_plan(run, SHAPE._replace(harden=harden), "tok", ())
+    return plan, {m["kind"]: m for m in plan.setup}
+
+
+def test_a_pool_in_a_shared_namespace_makes_only_its_own_suffixed_labelled_objects() -> None:
+    plan, setup = planned_pool(harden=True, namespace="team", queue="team-queue")
+    assert plan.namespace is None  # the namespace is never made (nor deleted)
+    names = {kind: m["metadata"]["name"] for kind, m in setup.items()}
+    assert names == {
+        "NetworkPolicy": "deny-all-but-sandbox-port-abc123",
+        "Secret": "sandbox-token-abc123",
+        "ConfigMap": "episode-abc123",
+    }
+    for manifest in setup.values():
+        assert manifest["metadata"]["namespace"] == "team"
+        assert manifest["metadata"]["labels"][demo.RUN_LABEL] == "abc123"
+    # The hardened pool's NetworkPolicy denies only this pool's pods, not the namespace's.
+    assert setup["NetworkPolicy"]["spec"]["podSelector"] == {
+        "matchLabels": {demo.RUN_LABEL: "abc123"}
+    }
+    (job,) = plan.jobs[demo.POOL_JOB_NAME]
+    assert job["metadata"]["name"] == demo.POOL_JOB_NAME + "-abc123"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
+    assert job["metadata"]["labels"][demo.RUN_LABEL] == "abc123"
+    template = job["spec"]["template"]
+    assert template["metadata"]["labels"][demo.RUN_LABEL] == "abc123"
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert volumes["token"]["secret"]["secretName"] == "sandbox-token-abc123"
+    assert volumes["demo"]["configMap"]["name"] == names["ConfigMap"]
+
+
+def test_a_pool_in_its_own_namespace_with_a_queue_carries_the_queue_label_alone() -> None:
+    plan, setup = planned_pool(queue="q")
+    assert plan.namespace is not None
+    (job,) = plan.jobs[demo.POOL_JOB_NAME]
+    assert job["metadata"]["name"] == demo.POOL_JOB_NAME
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert setup["Secret"]["metadata"]["name"] == "sandbox-token"
+    plain, _ = planned_pool()
+    assert "kueue.x-k8s.io/queue-name" not in plain.jobs[demo.POOL_JOB_NAME][0]["metadata"].get(
+        "labels", {}
+    )
+
+
+def test_a_pools_sandbox_has_its_cpu_memory_env_and_secrets() -> None:
+    plan, setup = planned_pool(
+        cpu="250m:1", memory="256Mi", env=["MODE=eval", "A=b=c"], env_from_secret=["keys"]
+    )
+    container = plan.jobs[demo.POOL_JOB_NAME][0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {
+        "requests": {"cpu": "250m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "256Mi"},
+    }
+    env = [item["name"] for item in container["env"]]
+    assert env[:4] == ["POD_IP", "SANDBOX_PORT", "SANDBOX_IDLE_SECONDS", "SANDBOX_TOKEN_FILE"]
+    assert {i["name"]: i.get("value") for i in container["env"]}["A"] == "b=c"
+    assert container["envFrom"] == [{"secretRef": {"name": "keys"}}]
+    # In its own namespace, the Secret is copied there (planned without its data).
+    secrets = [m for m in plan.setup if m["kind"] == "Secret"]
+    assert [s["metadata"]["name"] for s in secrets] == ["keys", "sandbox-token"]
+    assert "data" not in secrets[0]
+    # In a shared namespace, the Secret is read where it is: no copy, its own name referenced.
+    shared, _ = planned_pool(namespace="team", env_from_secret=["keys"])
+    assert [m["metadata"]["name"] for m in shared.setup if m["kind"] == "Secret"] == [
+        "sandbox-token-abc123"
+    ]
+    job = shared.jobs[demo.POOL_JOB_NAME][0]
+    assert job["spec"]["template"]["spec"]["containers"][0]["envFrom"] == [
+        {"secretRef": {"name": "keys"}}
+    ]
+    # The defaults are the guide's.
+    plain, _ = planned_pool()
+    default = plain.jobs[demo.POOL_JOB_NAME][0]["spec"]["template"]["spec"]["containers"][0]
+    assert default["resources"]["requests"] == {"cpu": "100m", "memory": "64Mi"}
+    assert "envFrom" not in default
+
+
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        ({"env": ["SANDBOX_PORT=1"]}, "--env: SANDBOX_PORT is set by the tool"),
+        ({"env": ["NOEQUALS"]}, "--env: 'NOEQUALS' is not KEY=VALUE"),
+        ({"cpu": "lots"}, "--cpu lots: 'lots' is not a quantity"),
+        (
+            {"namespace": "team", "env_from_secret": ["other/keys"]},
+            "--env-from-secret other/keys: with --namespace team",
+        ),
+    ],
+)
+def test_a_pools_bad_sandbox_settings_are_refused_before_anything(options: dict, said: str) -> None:
+    with pytest.raises(demo.UsageError) as caught:
+        demo.pool_request("out", 4, 16, None, options, demo.COMMAND_LINE)
+    assert str(caught.value).startswith(said), str(caught.value)
