@@ -174,8 +174,17 @@ def rename_token_volume(job: dict, secret: str) -> None:
             volume["secret"]["secretName"] = secret
 
 
-# The sandbox server's own environment: --env may not replace it.
-SERVER_ENV = ("POD_IP", "SANDBOX_PORT", "SANDBOX_IDLE_SECONDS", "SANDBOX_TOKEN_FILE")
+# The sandbox server's own environment, set by the tool or read by the server: --env may not
+# replace it.
+SERVER_ENV = (
+    "POD_IP",
+    "SANDBOX_PORT",
+    "SANDBOX_IDLE_SECONDS",
+    "SANDBOX_TOKEN_FILE",
+    "SANDBOX_WORKSPACE",
+    "SANDBOX_PRISTINE",
+    "SANDBOX_OUTPUT_CAP_BYTES",
+)
 
 
 def check_pool_pod(request: RunRequest) -> None:

@@ -387,3 +387,154 @@ def test_a_hardened_pool_lets_the_pod_proxy_in_to_the_sandbox_port(
     assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8377}]}]
     assert load(output / "results.json")["successful_episodes"] == 1
     assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def kubectl_create(kubectl: str, manifest: dict) -> dict:
+    """One object made as the cluster's admin (the fixture's environment names the emulator)."""
+    done = subprocess.run(
+        [kubectl, "create", "-f", "-", "-o", "json"],
+        input=json.dumps(manifest),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def names_in(emulator: Any, kind: str, namespace: str) -> set[str]:
+    return {item["metadata"]["name"] for item in emulator.list(kind, namespace)}
+
+
+def test_two_pools_share_a_namespace_and_each_cleans_up_only_its_own(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    namespace = "team-pools"
+    kubectl_create(
+        kubectl, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    theirs = kubectl_create(
+        kubectl,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "episode", "namespace": namespace},
+            "data": {"theirs": "yes"},
+        },
+    )
+    first = rl_batch_demo.open_pool(
+        output=str(tmp_path / "a"), size=1, episodes=1, kubectl=kubectl, namespace=namespace
+    )
+    with first:
+        with rl_batch_demo.open_pool(
+            output=str(tmp_path / "b"),
+            size=1,
+            episodes=1,
+            kubectl=kubectl,
+            namespace=namespace,
+            harden=True,
+        ) as second:
+            receipts = [load(tmp_path / name / "receipt.json") for name in ("a", "b")]
+            run_a, run_b = (receipt["run_id"] for receipt in receipts)
+            for pool in (first, second):
+                with pool.claim(timeout=120) as sandbox:
+                    assert sandbox.run(["echo", "hi"]).stdout == "hi\n"
+                    sandbox.finish(reward=1.0)
+            # Each pool's own objects, named after it and labelled with it, UIDs in its receipt.
+            receipts = [load(tmp_path / name / "receipt.json") for name in ("a", "b")]
+            assert all(r["shared_namespace"] and "uid" not in r for r in receipts)
+            kinds = {(item["kind"], item["name"]) for item in receipts[1]["objects"]}
+            assert kinds == {
+                ("NetworkPolicy", f"deny-all-but-sandbox-port-{run_b}"),
+                ("Secret", f"sandbox-token-{run_b}"),
+                ("ConfigMap", f"episode-{run_b}"),
+            }
+            assert all(item["uid"] for item in receipts[1]["objects"])
+            assert set(receipts[0]["jobs"]) == {f"pool-{run_a}"}
+            assert names_in(emulator, "jobs", namespace) == {f"pool-{run_a}", f"pool-{run_b}"}
+            job = emulator.get("jobs", namespace, f"pool-{run_b}")
+            assert job["metadata"]["labels"]["agc-demo-run"] == run_b
+        # The second pool closed: its objects are gone, the first's and theirs stay.
+        assert names_in(emulator, "jobs", namespace) == {f"pool-{run_a}"}
+        assert f"sandbox-token-{run_a}" in names_in(emulator, "secrets", namespace)
+        assert f"sandbox-token-{run_b}" not in names_in(emulator, "secrets", namespace)
+        assert names_in(emulator, "networkpolicies", namespace) == set()
+        assert f"episode-{run_a}" in names_in(emulator, "configmaps", namespace)
+        # Its evidence is its own: none of the other pool's pods.
+        pods = load(tmp_path / "b" / "pods.json")["items"]
+        assert pods and all(p["metadata"]["name"].startswith(f"pool-{run_b}") for p in pods)
+    assert names_in(emulator, "jobs", namespace) == set()
+    assert names_in(emulator, "configmaps", namespace) - {"kube-root-ca.crt"} == {"episode"}
+    assert (
+        emulator.get("configmaps", namespace, "episode")["metadata"]["uid"]
+        == theirs["metadata"]["uid"]
+    )
+    assert emulator.get("namespaces", None, namespace) is not None
+    assert [r["reward"] for r in lines(tmp_path / "a" / "rewards.jsonl")] == [1.0]
+
+
+def test_a_pools_sandbox_has_its_resources_env_and_secrets_keys(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    kubectl_create(
+        kubectl,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "agent-keys", "namespace": "default"},
+            "stringData": {"AGENT_API_KEY": "sk-pool-secret", "REGION": "eu-west"},
+        },
+    )
+    output = tmp_path / "p"
+    result = tool(
+        emulator,
+        kubectl,
+        "pool",
+        "--output",
+        str(output),
+        "--size",
+        "1",
+        "--episodes",
+        "1",
+        "--cpu",
+        "200m:1",
+        "--memory",
+        "96Mi:256Mi",
+        "--env",
+        "MODEL_URL=http://model.internal:8000/v1",
+        "--env",
+        "REGION=us-east",
+        "--env-from-secret",
+        "default/agent-keys",
+        "--turns",
+        str(write_turns(tmp_path)),
+    )
+    assert result.returncode == 0, result.stderr
+    commands = lines(output / "commands.jsonl")
+    # --env wins over the Secret's key of the same name (REGION); the Secret's key arrives.
+    assert commands[-1]["exit_code"] == 0, commands
+    pods = load(output / "pods.json")["items"]
+    container = pods[0]["spec"]["containers"][0]
+    assert container["resources"] == {
+        "requests": {"cpu": "200m", "memory": "96Mi"},
+        "limits": {"cpu": "1", "memory": "256Mi"},
+    }
+    assert container["envFrom"] == [{"secretRef": {"name": "agent-keys"}}]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["MODEL_URL"] == "http://model.internal:8000/v1" and env["REGION"] == "us-east"
+    for saved in output.iterdir():  # the Secret's value is in no file of the pool
+        assert "sk-pool-secret" not in saved.read_text(errors="replace"), saved.name
+    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def write_turns(tmp_path: Path) -> Path:
+    """Turns whose last command exits 0 only when the sandbox's environment is as asked."""
+    check = (
+        'test "$MODEL_URL" = http://model.internal:8000/v1 && test "$REGION" = us-east '
+        '&& test "${AGENT_API_KEY#sk-pool-}" = secret'  # the value itself in no turn
+    )
+    path = tmp_path / "turns.jsonl"
+    path.write_text(json.dumps({"shell": check}) + "\n")
+    return path
