@@ -295,3 +295,66 @@ def test_a_held_queue_is_said_and_a_restarted_manager_admits_the_waiting_run(
 
 HOLD = '{"spec": {"stopPolicy": "Hold"}}'
 RELEASE = '{"spec": {"stopPolicy": "None"}}'
+
+
+def test_queued_pools_share_a_namespace_the_second_waits_for_the_quota_then_serves(
+    real_cluster, kueue, tmp_path, monkeypatch
+):
+    """Two pools in one namespace through one queue whose quota holds two sandboxes: the first
+    (two) is admitted and serves; the second's claim times out saying its Job is queued (Kueue's
+    word), not blaming pods; once the first closes (its objects deleted by UID, the namespace
+    staying) the second is admitted and serves a command."""
+    import os
+
+    import rl_batch_demo
+
+    kubectl, cluster = real_cluster
+    if os.geteuid() != 0:
+        skip_or_fail("root (the node agent's pod network is a network namespace of its own)")
+    for name, value in cluster.env().items():
+        monkeypatch.setenv(name, value)
+    kueue.queue("kq-pool", "lq", "cq-pool", {"cpu": "700m", "memory": "2Gi"})  # 2 sandboxes
+    flags = dict(kubectl=kubectl, namespace="kq-pool", queue="lq", env={"MODE": "queued"})
+    first = rl_batch_demo.open_pool(output=str(tmp_path / "a"), size=2, episodes=2, **flags)
+    with first:
+        run_a = load(tmp_path / "a" / "receipt.json")["run_id"]
+        job = cluster.get("jobs", "kq-pool", f"pool-{run_a}")
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "lq"
+        with first.claim(timeout=180) as sandbox:
+            assert sandbox.run("echo $MODE").stdout == "queued\n"
+            sandbox.finish(reward=1.0)
+        second = rl_batch_demo.open_pool(output=str(tmp_path / "b"), size=1, episodes=1, **flags)
+        with pytest.raises(rl_batch_demo.DemoError) as waiting:
+            second.claim(timeout=8)
+        said = str(waiting.value)
+        assert "is queued, not yet admitted by Kueue" in said, said
+        assert "couldn't assign flavors" in said or "queued" in said, said
+    assert cluster.get("jobs", "kq-pool", f"pool-{run_a}") is None
+    assert cluster.get("namespaces", None, "kq-pool") is not None
+    with second:
+        with second.claim(timeout=180) as sandbox:
+            assert sandbox.run(["echo", "admitted"]).stdout == "admitted\n"
+            sandbox.finish(reward=1.0)
+    assert run_labelled(cluster, "kq-pool", "jobs") == []
+    assert run_labelled(cluster, "kq-pool", "secrets") == []
+    assert cluster.get("namespaces", None, "kq-pool") is not None
+
+
+def test_a_pool_over_the_quota_is_refused_before_anything_is_made(real_cluster, kueue, tmp_path):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-pool-over", "lq", "cq-pool-over", QUOTA)
+    result = run_tool(
+        cluster,
+        kubectl,
+        "pool",
+        size=12,
+        episodes=12,
+        namespace="kq-pool-over",
+        queue="lq",
+        output=tmp_path / "out",
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "can never be admitted by queue lq (ClusterQueue cq-pool-over)" in result.stderr
+    assert "runs 12 pods at once" in result.stderr and "nothing was created" in result.stderr
+    assert run_labelled(cluster, "kq-pool-over", "jobs") == []
+    assert run_labelled(cluster, "kq-pool-over", "secrets") == []
