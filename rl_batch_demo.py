@@ -3826,7 +3826,13 @@ def renamed_config_maps(setup: Sequence[dict], suffix: str) -> dict[str, str]:
 
 
 def rename_volumes(pod_spec: dict, renamed: Mapping[str, str]) -> None:
-    """A pod spec's ConfigMap references, renamed in place."""
+    """A pod spec's ConfigMap references (and its containers' Secrets, the copies the run makes),
+    renamed in place."""
+    for container in pod_spec.get("containers") or []:
+        for source in container.get("envFrom") or []:
+            if "secretRef" in source:
+                name = source["secretRef"]["name"]
+                source["secretRef"]["name"] = renamed.get(name, name)
     for volume in pod_spec.get("volumes") or []:
         if "configMap" in volume:
             volume["configMap"]["name"] = renamed.get(
@@ -14081,8 +14087,18 @@ def filled(manifest: dict, secrets: ReadSecrets) -> dict:
         metadata.get("annotations") or {}
     ):
         return manifest
-    name = metadata["name"]
-    return secret_copy_manifest(metadata["namespace"], SecretSource(name), secrets[name])
+    original = metadata["annotations"][COPIED_FROM_ANNOTATION].rpartition("/")[2]
+    found = secrets[original]
+    where = f"{found['metadata'].get('namespace')}/{original}"
+    # As planned (its name after the run's in a namespace it shares, its labels), with the data.
+    return {
+        **manifest,
+        "metadata": {
+            **metadata,
+            "annotations": {**metadata["annotations"], COPIED_FROM_ANNOTATION: where},
+        },
+        "data": dict(found.get("data") or {}),
+    }
 
 
 # --------------------------------------------------------------------------
@@ -15715,7 +15731,12 @@ def plan_run(
     if settings.pod.egress:
         setup.append(egress_policy_manifest(namespace, settings.pod.egress))
     # Planned without their data: the Secrets are read when the run starts (secretcopy).
-    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
+    setup += [
+        secret_copy_manifest(namespace, source)
+        for source in settings.pod.secrets
+        # In a namespace the run shares, a Secret of that namespace is read where it is.
+        if not (settings.shared_namespace and source.namespace == namespace)
+    ]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -16548,7 +16569,20 @@ def run_settings(
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
         shared_namespace=request.namespace is not None,
         queue=request.queue,
-        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
+        pod=shared_secrets(
+            resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
+            request.namespace,
+        ),
+    )
+
+
+def shared_secrets(pod: EpisodePod, namespace: str | None) -> EpisodePod:
+    """With --namespace, a bare --env-from-secret NAME is that namespace's Secret, as a user given
+    the namespace means it (the context's namespace otherwise)."""
+    if namespace is None:
+        return pod
+    return pod._replace(
+        secrets=tuple(s if s.namespace else s._replace(namespace=namespace) for s in pod.secrets)
     )
 
 

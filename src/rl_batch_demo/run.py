@@ -47,6 +47,7 @@ from .constants import (
 )
 
 from .model import (
+    EpisodePod,
     BatchEntry,
     Caller,
     DemoError,
@@ -293,7 +294,12 @@ def plan_run(
     if settings.pod.egress:
         setup.append(egress_policy_manifest(namespace, settings.pod.egress))
     # Planned without their data: the Secrets are read when the run starts (secretcopy).
-    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
+    setup += [
+        secret_copy_manifest(namespace, source)
+        for source in settings.pod.secrets
+        # In a namespace the run shares, a Secret of that namespace is read where it is.
+        if not (settings.shared_namespace and source.namespace == namespace)
+    ]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -1126,7 +1132,20 @@ def run_settings(
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
         shared_namespace=request.namespace is not None,
         queue=request.queue,
-        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
+        pod=shared_secrets(
+            resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
+            request.namespace,
+        ),
+    )
+
+
+def shared_secrets(pod: EpisodePod, namespace: str | None) -> EpisodePod:
+    """With --namespace, a bare --env-from-secret NAME is that namespace's Secret, as a user given
+    the namespace means it (the context's namespace otherwise)."""
+    if namespace is None:
+        return pod
+    return pod._replace(
+        secrets=tuple(s if s.namespace else s._replace(namespace=namespace) for s in pod.secrets)
     )
 
 
