@@ -14903,6 +14903,25 @@ def say_detached(run: RunContext) -> None:
         print(f"Detached: attach with: {attach_command(run.output, run.kubectl.binary)}")
 
 
+def detached_telemetry(run: RunContext, pushgateway: str | None) -> None:
+    """A detached run has not ended: no root span is sent (its trace would say it ended with no
+    episode), nothing is pushed; it says how to send both once `attach` has saved its results."""
+    if run.tracer is None and not pushgateway:
+        return
+    if run.tracer is not None:
+        run.tracer.exporter.close()  # nothing was submitted: nothing is sent
+    report = f"{program_name()} report {shlex.quote(run.output)}"
+    if run.tracer is not None:
+        report += f" --otlp-endpoint {shlex.quote(redacted(run.tracer.exporter.config.url))}"
+    if pushgateway:
+        report += f" --pushgateway {shlex.quote(redacted(pushgateway))}"
+    print(
+        f"Note: a detached run sends no traces or metrics now; once attach has saved its "
+        f"results, send them with: {report}",
+        file=sys.stderr,
+    )
+
+
 def save_planned_jobs(run: RunContext) -> None:
     """jobs-planned.json: every Job of every batch, as a List, before any is created (what
     `attach` creates of a run stopped between two batches)."""
@@ -15499,6 +15518,10 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure = error
         finally:
             close(run)
+    if failure is None and results is None:  # --detach: `attach` follows the run
+        say_detached(run)
+        detached_telemetry(run, request.pushgateway)
+        return 0, None
     if run.tracer is not None:
         finish_trace(
             run.tracer,
@@ -15507,9 +15530,6 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure,
             request.quiet,
         )
-    if failure is None and results is None:  # --detach: `attach` follows the run
-        say_detached(run)
-        return 0, None
     if failure is None and results is not None and not request.spelling.python:
         # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
