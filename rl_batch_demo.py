@@ -12002,6 +12002,8 @@ class RewardStream:
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
         self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
+        for row in kept:  # an attach's: groups made whole before count toward --need-groups
+            self._count_whole(row["index"])
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -12012,6 +12014,10 @@ class RewardStream:
         self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None
     ) -> None:
         """Settle the episodes of these pods (None: every episode waiting on the Job's word)."""
+        if self.stop_rest and state.job is not None and not job_finished(state.job):
+            # An attach's: --need-groups met by the lines of the client before, which was gone
+            # before it could stop the rest.
+            self._stop_if_met()
         if names is None:
             indexes = set(self.waiting)
         else:
@@ -12077,12 +12083,19 @@ class RewardStream:
     def _count_group(self, index: int, streamed: bool) -> None:
         """Whether the episode's group is whole now; once K are while the batch runs, the rest
         are stopped (--need-groups K)."""
+        self._count_whole(index)
+        if streamed:
+            self._stop_if_met()
+
+    def _count_whole(self, index: int) -> None:
         size = self.settings.group_size
         members = range(index // size * size, index // size * size + size)
         if all(self.rows.get(member, {}).get("valid") for member in members):
             self.whole_groups.add(index // size)
+
+    def _stop_if_met(self) -> None:
         wanted, stop_rest = self.settings.need_groups, self.stop_rest
-        if streamed and stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
+        if stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
             self.stop_rest = None
             stop_rest()
 
