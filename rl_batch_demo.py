@@ -11976,6 +11976,12 @@ class RewardCallbackError(Exception):
         self.original = original
 
 
+def whole_group(rows: dict[int, dict], index: int, size: int) -> set[int]:
+    """{the episode's group} once every member of it has a valid line, else {}."""
+    members = range(index // size * size, index // size * size + size)
+    return {index // size} if all(rows.get(m, {}).get("valid") for m in members) else set()
+
+
 class RewardStream:
     """rewards.jsonl while the batch runs: each episode's line is appended (and flushed) the moment its
     outcome is final, and never changed; at the end the file is rewritten whole, in index order, with
@@ -12018,7 +12024,7 @@ class RewardStream:
         self.stop = stop
         self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
         for row in kept:  # an attach's: groups made whole before count toward --need-groups
-            self._count_whole(row["index"])
+            self.whole_groups |= whole_group(self.rows, row["index"], settings.group_size)
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -12030,8 +12036,7 @@ class RewardStream:
     ) -> None:
         """Settle the episodes of these pods (None: every episode waiting on the Job's word)."""
         if self.stop_rest and state.job is not None and not job_finished(state.job):
-            # An attach's: --need-groups met by the lines of the client before, which was gone
-            # before it could stop the rest.
+            # An attach's: K met by the lines of a client gone before it could stop the rest.
             self._stop_if_met()
         if names is None:
             indexes = set(self.waiting)
@@ -12081,7 +12086,9 @@ class RewardStream:
         written = time.time()
         self.rows[index] = row
         self.waiting.discard(index)
-        self._count_group(index, streamed)
+        self.whole_groups |= whole_group(self.rows, index, self.settings.group_size)
+        if streamed:
+            self._stop_if_met()
         after, before = container_end_bounds(pod, log_text, seen_terminated)
         ok = row["failure_class"] is None
         self.deliveries.append(
@@ -12095,20 +12102,8 @@ class RewardStream:
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
 
-    def _count_group(self, index: int, streamed: bool) -> None:
-        """Whether the episode's group is whole now; once K are while the batch runs, the rest
-        are stopped (--need-groups K)."""
-        self._count_whole(index)
-        if streamed:
-            self._stop_if_met()
-
-    def _count_whole(self, index: int) -> None:
-        size = self.settings.group_size
-        members = range(index // size * size, index // size * size + size)
-        if all(self.rows.get(member, {}).get("valid") for member in members):
-            self.whole_groups.add(index // size)
-
     def _stop_if_met(self) -> None:
+        """Once K groups are whole while the batch runs, the rest are stopped (--need-groups K)."""
         wanted, stop_rest = self.settings.need_groups, self.stop_rest
         if stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
             self.stop_rest = None
