@@ -1231,7 +1231,10 @@ def noting_sigterm(handler):
 
 def watch_sigterm():
     """Every SIGTERM handler the program installs (signal.signal calls _signal.signal) noted."""
-    import _signal  # type: ignore[import-not-found]  # loaded as Python starts: costs nothing
+    try:
+        import _signal  # type: ignore[import-not-found]  # loaded as Python starts: costs nothing
+    except ImportError:  # a Python before 3.5, whose signal module is its C module itself
+        return
 
     install, current = _signal.signal, _signal.getsignal
 
