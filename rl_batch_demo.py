@@ -1143,8 +1143,12 @@ os._exit) or is still running EPISODE_TIMEOUT_SECONDS after this process started
 process exits 0. So the pod fails only when something outside the program ends it (an eviction,
 an OOM kill, the Job's end, the pod's own deadline): a failed pod is the infrastructure's, which
 the Job retries under backoffLimitPerIndex and counts under maxFailedIndexes, while the episode's
-own failure is a sample. Written for whatever Python 3 an episode image holds: no f-strings, no
-annotations, and nothing imported before the episode's own imports but os, runpy and sys.
+own failure is a sample. A program that handles SIGTERM (the kubelet's stop, as a suspended or
+ended Job deletes its pod) and then ends, however it ends, was ended from outside: the process
+exits 143, as if the signal had killed it, and records nothing of its own.
+
+Written for whatever Python 3 an episode image holds: no f-strings, no annotations, and nothing
+imported before the episode's own imports but os, runpy and sys (and _signal, loaded at start).
 """
 
 import os
@@ -1154,6 +1158,9 @@ import sys
 LAUNCHER_PID = os.getpid()
 REAL_EXIT = os._exit
 EPISODE = "/demo/episode.py"
+SIGTERM_EXIT = 128 + 15
+# Set once a SIGTERM reached a handler the program installed (as PID 1 it ignores one it does not).
+TERMINATED = []  # type: list[int]
 
 
 def emit_exit(**fields):
@@ -1192,7 +1199,10 @@ def exit_status(code):
 
 
 def ended(status):
-    """The program ended with this status: a failure is recorded; either way the process ends 0."""
+    """The program ended with this status: a failure is recorded; either way the process ends 0,
+    unless a SIGTERM came first (its stop is not the episode's end)."""
+    if TERMINATED:
+        sys.exit(SIGTERM_EXIT)
     if status != 0:
         emit_exit(exit_code=status)
     sys.exit(0)
@@ -1201,11 +1211,46 @@ def ended(status):
 def own_exit(code):
     """os._exit as the program calls it: in this process, recorded like any other end."""
     if os.getpid() == LAUNCHER_PID:
+        if TERMINATED:
+            REAL_EXIT(SIGTERM_EXIT)
         status = code & 0xFF
         if status != 0:
             emit_exit(exit_code=status)
         REAL_EXIT(0)
     REAL_EXIT(code)
+
+
+def noting_sigterm(handler):
+    """The program's SIGTERM handler, run after noting that the signal came (TERMINATED)."""
+
+    def handle(signum, frame):
+        TERMINATED.append(signum)
+        return handler(signum, frame)
+
+    handle.episode_handler = handler  # type: ignore[attr-defined]
+    return handle
+
+
+def watch_sigterm():
+    """Every SIGTERM handler the program installs (signal.signal calls _signal.signal) noted."""
+    try:
+        import _signal  # type: ignore[import-not-found]  # loaded as Python starts: costs nothing
+    except ImportError:  # a Python before 3.5, whose signal module is its C module itself
+        return
+
+    install, current = _signal.signal, _signal.getsignal
+
+    def signal(signalnum, handler):
+        if signalnum == _signal.SIGTERM and callable(handler):
+            handler = noting_sigterm(getattr(handler, "episode_handler", handler))
+        before = install(signalnum, handler)
+        return getattr(before, "episode_handler", before)
+
+    def getsignal(signalnum):
+        handler = current(signalnum)
+        return getattr(handler, "episode_handler", handler)
+
+    _signal.signal, _signal.getsignal = signal, getsignal
 
 
 def watch(seconds):
@@ -1237,6 +1282,7 @@ def main():
 
         _thread.start_new_thread(watch, (int(timeout),))
     os._exit = own_exit
+    watch_sigterm()
     sys.argv, sys.path[0] = [EPISODE], os.path.dirname(EPISODE)
     try:
         runpy.run_path(EPISODE, run_name="__main__")
@@ -3835,7 +3881,13 @@ def renamed_config_maps(setup: Sequence[dict], suffix: str) -> dict[str, str]:
 
 
 def rename_volumes(pod_spec: dict, renamed: Mapping[str, str]) -> None:
-    """A pod spec's ConfigMap references, renamed in place."""
+    """A pod spec's ConfigMap references (and its containers' Secrets, the copies the run makes),
+    renamed in place."""
+    for container in pod_spec.get("containers") or []:
+        for source in container.get("envFrom") or []:
+            if "secretRef" in source:
+                name = source["secretRef"]["name"]
+                source["secretRef"]["name"] = renamed.get(name, name)
     for volume in pod_spec.get("volumes") or []:
         if "configMap" in volume:
             volume["configMap"]["name"] = renamed.get(
@@ -8931,6 +8983,23 @@ def redacted(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def with_credentials(url: str, headers: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """A URL's user and password (`https://user:pass@host/`) sent as HTTP basic auth, the URL
+    without them: urllib would take them for part of the host, and its error then quotes them."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, dict(headers)
+    given = (
+        f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
+    )
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{parts.port}" if parts.port else ""
+    bare = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    auth = "Basic " + base64.b64encode(given.encode("utf-8")).decode("ascii")
+    return bare, {"Authorization": auth, **headers}
+
+
 def push_url(gateway: str, run_id: str) -> str:
     """The Pushgateway's URL for this run's group: job rl_batch_demo, run_id the run's."""
     return (
@@ -8940,20 +9009,18 @@ def push_url(gateway: str, run_id: str) -> str:
 
 def push_metrics(gateway: str, run_id: str, text: str) -> str | None:
     """PUT the run's metrics to a Pushgateway, replacing its group; what went wrong, or None."""
-    request = urllib.request.Request(
-        push_url(gateway, run_id),
-        data=text.encode("utf-8"),
-        method="PUT",
-        # The classic text format, which the Pushgateway parses; `# EOF` is a comment to it.
-        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    # The classic text format, which the Pushgateway parses; `# EOF` is a comment to it.
+    url, headers = with_credentials(
+        push_url(gateway, run_id), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
     )
+    request = urllib.request.Request(url, data=text.encode("utf-8"), method="PUT", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=PUSH_TIMEOUT_SECONDS) as response:
             response.read()
     except urllib.error.HTTPError as error:
         body = error.read().decode("utf-8", "replace").strip()[:300]
         return f"the Pushgateway answered {error.code} {error.reason}: {body}"
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
         return f"cannot reach the Pushgateway at {redacted(gateway)}: {error}"
     return None
 
@@ -9230,16 +9297,16 @@ class Response(NamedTuple):
 
 def post(url: str, headers: Mapping[str, str], body: bytes) -> Response:
     """POST one request; an HTTP error is a Response, no answer is status 0."""
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={**headers, "Content-Type": "application/json"}
-    )
+    url, sent = with_credentials(url, {**headers, "Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=body, method="POST", headers=sent)
     try:
         with urllib.request.urlopen(request, timeout=OTLP_REQUEST_TIMEOUT_SECONDS) as answer:
             return Response(answer.status, None, answer.read().decode("utf-8", "replace"))
     except urllib.error.HTTPError as error:
         text = error.read().decode("utf-8", "replace")
         return Response(error.code, error.headers.get("Retry-After"), text)
-    except (urllib.error.URLError, OSError, ValueError) as error:  # ValueError: a bad URL
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
+        # ValueError: a bad URL; HTTPException: a bad port, or the connection cut mid-answer
         reason = getattr(error, "reason", error)
         return Response(0, None, str(reason))
 
@@ -12474,6 +12541,12 @@ class RewardCallbackError(Exception):
         self.original = original
 
 
+def whole_group(rows: dict[int, dict], index: int, size: int) -> set[int]:
+    """{the episode's group} once every member of it has a valid line, else {}."""
+    members = range(index // size * size, index // size * size + size)
+    return {index // size} if all(rows.get(m, {}).get("valid") for m in members) else set()
+
+
 class RewardStream:
     """rewards.jsonl while the batch runs: each episode's line is appended (and flushed) the moment its
     outcome is final, and never changed; at the end the file is rewritten whole, in index order, with
@@ -12515,6 +12588,8 @@ class RewardStream:
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
         self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
+        for row in kept:  # an attach's: groups made whole before count toward --need-groups
+            self.whole_groups |= whole_group(self.rows, row["index"], settings.group_size)
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -12525,6 +12600,9 @@ class RewardStream:
         self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None
     ) -> None:
         """Settle the episodes of these pods (None: every episode waiting on the Job's word)."""
+        if self.stop_rest and state.job is not None and not job_finished(state.job):
+            # An attach's: K met by the lines of a client gone before it could stop the rest.
+            self._stop_if_met()
         if names is None:
             indexes = set(self.waiting)
         else:
@@ -12573,7 +12651,9 @@ class RewardStream:
         written = time.time()
         self.rows[index] = row
         self.waiting.discard(index)
-        self._count_group(index, streamed)
+        self.whole_groups |= whole_group(self.rows, index, self.settings.group_size)
+        if streamed:
+            self._stop_if_met()
         after, before = container_end_bounds(pod, log_text, seen_terminated)
         ok = row["failure_class"] is None
         self.deliveries.append(
@@ -12587,15 +12667,10 @@ class RewardStream:
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
 
-    def _count_group(self, index: int, streamed: bool) -> None:
-        """Whether the episode's group is whole now; once K are while the batch runs, the rest
-        are stopped (--need-groups K)."""
-        size = self.settings.group_size
-        members = range(index // size * size, index // size * size + size)
-        if all(self.rows.get(member, {}).get("valid") for member in members):
-            self.whole_groups.add(index // size)
+    def _stop_if_met(self) -> None:
+        """Once K groups are whole while the batch runs, the rest are stopped (--need-groups K)."""
         wanted, stop_rest = self.settings.need_groups, self.stop_rest
-        if streamed and stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
+        if stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
             self.stop_rest = None
             stop_rest()
 
@@ -14090,8 +14165,18 @@ def filled(manifest: dict, secrets: ReadSecrets) -> dict:
         metadata.get("annotations") or {}
     ):
         return manifest
-    name = metadata["name"]
-    return secret_copy_manifest(metadata["namespace"], SecretSource(name), secrets[name])
+    original = metadata["annotations"][COPIED_FROM_ANNOTATION].rpartition("/")[2]
+    found = secrets[original]
+    where = f"{found['metadata'].get('namespace')}/{original}"
+    # As planned (its name after the run's in a namespace it shares, its labels), with the data.
+    return {
+        **manifest,
+        "metadata": {
+            **metadata,
+            "annotations": {**metadata["annotations"], COPIED_FROM_ANNOTATION: where},
+        },
+        "data": dict(found.get("data") or {}),
+    }
 
 
 # --------------------------------------------------------------------------
@@ -15724,7 +15809,12 @@ def plan_run(
     if settings.pod.egress:
         setup.append(egress_policy_manifest(namespace, settings.pod.egress))
     # Planned without their data: the Secrets are read when the run starts (secretcopy).
-    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
+    setup += [
+        secret_copy_manifest(namespace, source)
+        for source in settings.pod.secrets
+        # In a namespace the run shares, a Secret of that namespace is read where it is.
+        if not (settings.shared_namespace and source.namespace == namespace)
+    ]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -15847,6 +15937,25 @@ def say_detached(run: RunContext) -> None:
     """What a detached run prints on stdout: its namespace and the command that follows it."""
     if not run.silent:
         print(f"Detached: attach with: {attach_command(run.output, run.kubectl.binary)}")
+
+
+def detached_telemetry(run: RunContext, pushgateway: str | None) -> None:
+    """A detached run has not ended: no root span is sent (its trace would say it ended with no
+    episode), nothing is pushed; it says how to send both once `attach` has saved its results."""
+    if run.tracer is None and not pushgateway:
+        return
+    if run.tracer is not None:
+        run.tracer.exporter.close()  # nothing was submitted: nothing is sent
+    report = f"{program_name()} report {shlex.quote(run.output)}"
+    if run.tracer is not None:
+        report += f" --otlp-endpoint {shlex.quote(redacted(run.tracer.exporter.config.url))}"
+    if pushgateway:
+        report += f" --pushgateway {shlex.quote(redacted(pushgateway))}"
+    print(
+        f"Note: a detached run sends no traces or metrics now; once attach has saved its "
+        f"results, send them with: {report}",
+        file=sys.stderr,
+    )
 
 
 def save_planned_jobs(run: RunContext) -> None:
@@ -16457,6 +16566,10 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure = error
         finally:
             close(run)
+    if failure is None and results is None:  # --detach: `attach` follows the run
+        say_detached(run)
+        detached_telemetry(run, request.pushgateway)
+        return 0, None
     if run.tracer is not None:
         finish_trace(
             run.tracer,
@@ -16465,9 +16578,6 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure,
             request.quiet,
         )
-    if failure is None and results is None:  # --detach: `attach` follows the run
-        say_detached(run)
-        return 0, None
     if failure is None and results is not None and not request.spelling.python:
         # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
@@ -16557,7 +16667,20 @@ def run_settings(
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
         shared_namespace=request.namespace is not None,
         queue=request.queue,
-        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
+        pod=shared_secrets(
+            resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
+            request.namespace,
+        ),
+    )
+
+
+def shared_secrets(pod: EpisodePod, namespace: str | None) -> EpisodePod:
+    """With --namespace, a bare --env-from-secret NAME is that namespace's Secret, as a user given
+    the namespace means it (the context's namespace otherwise)."""
+    if namespace is None:
+        return pod
+    return pod._replace(
+        secrets=tuple(s if s.namespace else s._replace(namespace=namespace) for s in pod.secrets)
     )
 
 
@@ -18333,10 +18456,13 @@ def existing_jobs(run: RunContext, entry: BatchEntry) -> list[dict]:
 
 
 def resume(run: RunContext, jobs: Sequence[dict]) -> list[str]:
-    """Resume each of the batch's Jobs an interrupted client suspended (and not ended)."""
+    """Resume each of the batch's Jobs an interrupted client suspended (and not ended). One the
+    tool stopped once --need-groups was met stays stopped, even before its controller has said
+    so (its Suspended condition, its pods gone): resumed, its cancelled episodes would run."""
     resumed = []
     for job in jobs:
-        if job_finished(job) or not (job.get("spec") or {}).get("suspend"):
+        suspended = (job.get("spec") or {}).get("suspend")
+        if job_finished(job) or not suspended or cancelled_by_tool(job):
             continue
         name = job["metadata"]["name"]
         run.kubectl.run(

@@ -23,7 +23,7 @@ from .constants import (
 )
 from .model import BatchEntry, Caller, DemoError, RunPlan, Settings, Spelling, StreamClosed
 from .files import Receipt, cleanup_command, read_json, read_text, write_json
-from .parse import job_finished
+from .parse import cancelled_by_tool, job_finished
 from .kube import Kubectl
 from .follow import Progress, RewardCallbackError, RunContext
 from .preflight import find_kubectl
@@ -209,10 +209,13 @@ def existing_jobs(run: RunContext, entry: BatchEntry) -> list[dict]:
 
 
 def resume(run: RunContext, jobs: Sequence[dict]) -> list[str]:
-    """Resume each of the batch's Jobs an interrupted client suspended (and not ended)."""
+    """Resume each of the batch's Jobs an interrupted client suspended (and not ended). One the
+    tool stopped once --need-groups was met stays stopped, even before its controller has said
+    so (its Suspended condition, its pods gone): resumed, its cancelled episodes would run."""
     resumed = []
     for job in jobs:
-        if job_finished(job) or not (job.get("spec") or {}).get("suspend"):
+        suspended = (job.get("spec") or {}).get("suspend")
+        if job_finished(job) or not suspended or cancelled_by_tool(job):
             continue
         name = job["metadata"]["name"]
         run.kubectl.run(

@@ -276,6 +276,12 @@ class RewardCallbackError(Exception):
         self.original = original
 
 
+def whole_group(rows: dict[int, dict], index: int, size: int) -> set[int]:
+    """{the episode's group} once every member of it has a valid line, else {}."""
+    members = range(index // size * size, index // size * size + size)
+    return {index // size} if all(rows.get(m, {}).get("valid") for m in members) else set()
+
+
 class RewardStream:
     """rewards.jsonl while the batch runs: each episode's line is appended (and flushed) the moment its
     outcome is final, and never changed; at the end the file is rewritten whole, in index order, with
@@ -317,6 +323,8 @@ class RewardStream:
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
         self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
+        for row in kept:  # an attach's: groups made whole before count toward --need-groups
+            self.whole_groups |= whole_group(self.rows, row["index"], settings.group_size)
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -327,6 +335,9 @@ class RewardStream:
         self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None
     ) -> None:
         """Settle the episodes of these pods (None: every episode waiting on the Job's word)."""
+        if self.stop_rest and state.job is not None and not job_finished(state.job):
+            # An attach's: K met by the lines of a client gone before it could stop the rest.
+            self._stop_if_met()
         if names is None:
             indexes = set(self.waiting)
         else:
@@ -375,7 +386,9 @@ class RewardStream:
         written = time.time()
         self.rows[index] = row
         self.waiting.discard(index)
-        self._count_group(index, streamed)
+        self.whole_groups |= whole_group(self.rows, index, self.settings.group_size)
+        if streamed:
+            self._stop_if_met()
         after, before = container_end_bounds(pod, log_text, seen_terminated)
         ok = row["failure_class"] is None
         self.deliveries.append(
@@ -389,15 +402,10 @@ class RewardStream:
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
 
-    def _count_group(self, index: int, streamed: bool) -> None:
-        """Whether the episode's group is whole now; once K are while the batch runs, the rest
-        are stopped (--need-groups K)."""
-        size = self.settings.group_size
-        members = range(index // size * size, index // size * size + size)
-        if all(self.rows.get(member, {}).get("valid") for member in members):
-            self.whole_groups.add(index // size)
+    def _stop_if_met(self) -> None:
+        """Once K groups are whole while the batch runs, the rest are stopped (--need-groups K)."""
         wanted, stop_rest = self.settings.need_groups, self.stop_rest
-        if streamed and stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
+        if stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
             self.stop_rest = None
             stop_rest()
 

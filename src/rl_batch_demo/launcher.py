@@ -11,8 +11,12 @@ os._exit) or is still running EPISODE_TIMEOUT_SECONDS after this process started
 process exits 0. So the pod fails only when something outside the program ends it (an eviction,
 an OOM kill, the Job's end, the pod's own deadline): a failed pod is the infrastructure's, which
 the Job retries under backoffLimitPerIndex and counts under maxFailedIndexes, while the episode's
-own failure is a sample. Written for whatever Python 3 an episode image holds: no f-strings, no
-annotations, and nothing imported before the episode's own imports but os, runpy and sys.
+own failure is a sample. A program that handles SIGTERM (the kubelet's stop, as a suspended or
+ended Job deletes its pod) and then ends, however it ends, was ended from outside: the process
+exits 143, as if the signal had killed it, and records nothing of its own.
+
+Written for whatever Python 3 an episode image holds: no f-strings, no annotations, and nothing
+imported before the episode's own imports but os, runpy and sys (and _signal, loaded at start).
 """
 
 import os
@@ -22,6 +26,9 @@ import sys
 LAUNCHER_PID = os.getpid()
 REAL_EXIT = os._exit
 EPISODE = "/demo/episode.py"
+SIGTERM_EXIT = 128 + 15
+# Set once a SIGTERM reached a handler the program installed (as PID 1 it ignores one it does not).
+TERMINATED = []  # type: list[int]
 
 
 def emit_exit(**fields):
@@ -60,7 +67,10 @@ def exit_status(code):
 
 
 def ended(status):
-    """The program ended with this status: a failure is recorded; either way the process ends 0."""
+    """The program ended with this status: a failure is recorded; either way the process ends 0,
+    unless a SIGTERM came first (its stop is not the episode's end)."""
+    if TERMINATED:
+        sys.exit(SIGTERM_EXIT)
     if status != 0:
         emit_exit(exit_code=status)
     sys.exit(0)
@@ -69,11 +79,46 @@ def ended(status):
 def own_exit(code):
     """os._exit as the program calls it: in this process, recorded like any other end."""
     if os.getpid() == LAUNCHER_PID:
+        if TERMINATED:
+            REAL_EXIT(SIGTERM_EXIT)
         status = code & 0xFF
         if status != 0:
             emit_exit(exit_code=status)
         REAL_EXIT(0)
     REAL_EXIT(code)
+
+
+def noting_sigterm(handler):
+    """The program's SIGTERM handler, run after noting that the signal came (TERMINATED)."""
+
+    def handle(signum, frame):
+        TERMINATED.append(signum)
+        return handler(signum, frame)
+
+    handle.episode_handler = handler  # type: ignore[attr-defined]
+    return handle
+
+
+def watch_sigterm():
+    """Every SIGTERM handler the program installs (signal.signal calls _signal.signal) noted."""
+    try:
+        import _signal  # type: ignore[import-not-found]  # loaded as Python starts: costs nothing
+    except ImportError:  # a Python before 3.5, whose signal module is its C module itself
+        return
+
+    install, current = _signal.signal, _signal.getsignal
+
+    def signal(signalnum, handler):
+        if signalnum == _signal.SIGTERM and callable(handler):
+            handler = noting_sigterm(getattr(handler, "episode_handler", handler))
+        before = install(signalnum, handler)
+        return getattr(before, "episode_handler", before)
+
+    def getsignal(signalnum):
+        handler = current(signalnum)
+        return getattr(handler, "episode_handler", handler)
+
+    _signal.signal, _signal.getsignal = signal, getsignal
 
 
 def watch(seconds):
@@ -105,6 +150,7 @@ def main():
 
         _thread.start_new_thread(watch, (int(timeout),))
     os._exit = own_exit
+    watch_sigterm()
     sys.argv, sys.path[0] = [EPISODE], os.path.dirname(EPISODE)
     try:
         runpy.run_path(EPISODE, run_name="__main__")

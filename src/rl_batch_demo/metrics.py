@@ -10,6 +10,8 @@ sit side by side in one textfile directory.
 
 from __future__ import annotations
 
+import base64
+import http.client
 import math
 import os
 import sys
@@ -184,6 +186,23 @@ def redacted(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def with_credentials(url: str, headers: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """A URL's user and password (`https://user:pass@host/`) sent as HTTP basic auth, the URL
+    without them: urllib would take them for part of the host, and its error then quotes them."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, dict(headers)
+    given = (
+        f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
+    )
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{parts.port}" if parts.port else ""
+    bare = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    auth = "Basic " + base64.b64encode(given.encode("utf-8")).decode("ascii")
+    return bare, {"Authorization": auth, **headers}
+
+
 def push_url(gateway: str, run_id: str) -> str:
     """The Pushgateway's URL for this run's group: job rl_batch_demo, run_id the run's."""
     return (
@@ -193,20 +212,18 @@ def push_url(gateway: str, run_id: str) -> str:
 
 def push_metrics(gateway: str, run_id: str, text: str) -> str | None:
     """PUT the run's metrics to a Pushgateway, replacing its group; what went wrong, or None."""
-    request = urllib.request.Request(
-        push_url(gateway, run_id),
-        data=text.encode("utf-8"),
-        method="PUT",
-        # The classic text format, which the Pushgateway parses; `# EOF` is a comment to it.
-        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    # The classic text format, which the Pushgateway parses; `# EOF` is a comment to it.
+    url, headers = with_credentials(
+        push_url(gateway, run_id), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
     )
+    request = urllib.request.Request(url, data=text.encode("utf-8"), method="PUT", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=PUSH_TIMEOUT_SECONDS) as response:
             response.read()
     except urllib.error.HTTPError as error:
         body = error.read().decode("utf-8", "replace").strip()[:300]
         return f"the Pushgateway answered {error.code} {error.reason}: {body}"
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
         return f"cannot reach the Pushgateway at {redacted(gateway)}: {error}"
     return None
 

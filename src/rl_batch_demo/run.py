@@ -13,6 +13,7 @@ import os
 import secrets
 import signal
 import socket
+import shlex
 import sys
 import threading
 import time
@@ -47,6 +48,7 @@ from .constants import (
 )
 
 from .model import (
+    EpisodePod,
     BatchEntry,
     Caller,
     DemoError,
@@ -59,7 +61,14 @@ from .model import (
     Task,
 )
 from .stats import rounded
-from .files import Receipt, attach_command, cleanup_command, kubeconfig_path, write_json
+from .files import (
+    Receipt,
+    attach_command,
+    cleanup_command,
+    kubeconfig_path,
+    program_name,
+    write_json,
+)
 from .parse import (
     EventRecord,
     count_image_cache,
@@ -91,7 +100,7 @@ from .manifests import (
 )
 from .summary import BatchSummary, EpisodeDrafts, held_objects_spared
 from .render import phase_tables, plural, printed_results, throughput_line
-from .metrics import push_saved_metrics
+from .metrics import push_saved_metrics, redacted
 from .telemetry import finish_trace, open_tracer
 from .kube import (
     ApiProxy,
@@ -293,7 +302,12 @@ def plan_run(
     if settings.pod.egress:
         setup.append(egress_policy_manifest(namespace, settings.pod.egress))
     # Planned without their data: the Secrets are read when the run starts (secretcopy).
-    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
+    setup += [
+        secret_copy_manifest(namespace, source)
+        for source in settings.pod.secrets
+        # In a namespace the run shares, a Secret of that namespace is read where it is.
+        if not (settings.shared_namespace and source.namespace == namespace)
+    ]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -416,6 +430,25 @@ def say_detached(run: RunContext) -> None:
     """What a detached run prints on stdout: its namespace and the command that follows it."""
     if not run.silent:
         print(f"Detached: attach with: {attach_command(run.output, run.kubectl.binary)}")
+
+
+def detached_telemetry(run: RunContext, pushgateway: str | None) -> None:
+    """A detached run has not ended: no root span is sent (its trace would say it ended with no
+    episode), nothing is pushed; it says how to send both once `attach` has saved its results."""
+    if run.tracer is None and not pushgateway:
+        return
+    if run.tracer is not None:
+        run.tracer.exporter.close()  # nothing was submitted: nothing is sent
+    report = f"{program_name()} report {shlex.quote(run.output)}"
+    if run.tracer is not None:
+        report += f" --otlp-endpoint {shlex.quote(redacted(run.tracer.exporter.config.url))}"
+    if pushgateway:
+        report += f" --pushgateway {shlex.quote(redacted(pushgateway))}"
+    print(
+        f"Note: a detached run sends no traces or metrics now; once attach has saved its "
+        f"results, send them with: {report}",
+        file=sys.stderr,
+    )
 
 
 def save_planned_jobs(run: RunContext) -> None:
@@ -1026,6 +1059,10 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure = error
         finally:
             close(run)
+    if failure is None and results is None:  # --detach: `attach` follows the run
+        say_detached(run)
+        detached_telemetry(run, request.pushgateway)
+        return 0, None
     if run.tracer is not None:
         finish_trace(
             run.tracer,
@@ -1034,9 +1071,6 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure,
             request.quiet,
         )
-    if failure is None and results is None:  # --detach: `attach` follows the run
-        say_detached(run)
-        return 0, None
     if failure is None and results is not None and not request.spelling.python:
         # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
@@ -1126,7 +1160,20 @@ def run_settings(
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
         shared_namespace=request.namespace is not None,
         queue=request.queue,
-        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
+        pod=shared_secrets(
+            resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
+            request.namespace,
+        ),
+    )
+
+
+def shared_secrets(pod: EpisodePod, namespace: str | None) -> EpisodePod:
+    """With --namespace, a bare --env-from-secret NAME is that namespace's Secret, as a user given
+    the namespace means it (the context's namespace otherwise)."""
+    if namespace is None:
+        return pod
+    return pod._replace(
+        secrets=tuple(s if s.namespace else s._replace(namespace=namespace) for s in pod.secrets)
     )
 
 

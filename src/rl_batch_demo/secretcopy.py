@@ -10,7 +10,7 @@ from .constants import FIRST_CONTACT_RETRY_SECONDS
 from .model import DemoError, SecretSource
 from .kube import KubectlError
 from .follow import RunContext
-from .podspec import COPIED_FROM_ANNOTATION, secret_copy_manifest
+from .podspec import COPIED_FROM_ANNOTATION
 
 # The Secrets read for a run, by name: what their copies are made from.
 ReadSecrets = dict[str, dict]
@@ -65,5 +65,15 @@ def filled(manifest: dict, secrets: ReadSecrets) -> dict:
         metadata.get("annotations") or {}
     ):
         return manifest
-    name = metadata["name"]
-    return secret_copy_manifest(metadata["namespace"], SecretSource(name), secrets[name])
+    original = metadata["annotations"][COPIED_FROM_ANNOTATION].rpartition("/")[2]
+    found = secrets[original]
+    where = f"{found['metadata'].get('namespace')}/{original}"
+    # As planned (its name after the run's in a namespace it shares, its labels), with the data.
+    return {
+        **manifest,
+        "metadata": {
+            **metadata,
+            "annotations": {**metadata["annotations"], COPIED_FROM_ANNOTATION: where},
+        },
+        "data": dict(found.get("data") or {}),
+    }

@@ -17,6 +17,7 @@ never printed or saved), $OTEL_SERVICE_NAME and $OTEL_RESOURCE_ATTRIBUTES.
 from __future__ import annotations
 
 import email.utils
+import http.client
 import json
 import math
 import os
@@ -33,7 +34,7 @@ from .constants import RESULTS_FILE, __version__
 from .files import read_json, write_json
 from .timing import PHASES, POINTS
 from .summary import BatchSummary
-from .metrics import redacted
+from .metrics import redacted, with_credentials
 
 SERVICE_NAME = "rl_batch_demo"
 TRACES_PATH = "/v1/traces"
@@ -283,16 +284,16 @@ class Response(NamedTuple):
 
 def post(url: str, headers: Mapping[str, str], body: bytes) -> Response:
     """POST one request; an HTTP error is a Response, no answer is status 0."""
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={**headers, "Content-Type": "application/json"}
-    )
+    url, sent = with_credentials(url, {**headers, "Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=body, method="POST", headers=sent)
     try:
         with urllib.request.urlopen(request, timeout=OTLP_REQUEST_TIMEOUT_SECONDS) as answer:
             return Response(answer.status, None, answer.read().decode("utf-8", "replace"))
     except urllib.error.HTTPError as error:
         text = error.read().decode("utf-8", "replace")
         return Response(error.code, error.headers.get("Retry-After"), text)
-    except (urllib.error.URLError, OSError, ValueError) as error:  # ValueError: a bad URL
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
+        # ValueError: a bad URL; HTTPException: a bad port, or the connection cut mid-answer
         reason = getattr(error, "reason", error)
         return Response(0, None, str(reason))
 

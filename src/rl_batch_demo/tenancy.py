@@ -63,7 +63,13 @@ def renamed_config_maps(setup: Sequence[dict], suffix: str) -> dict[str, str]:
 
 
 def rename_volumes(pod_spec: dict, renamed: Mapping[str, str]) -> None:
-    """A pod spec's ConfigMap references, renamed in place."""
+    """A pod spec's ConfigMap references (and its containers' Secrets, the copies the run makes),
+    renamed in place."""
+    for container in pod_spec.get("containers") or []:
+        for source in container.get("envFrom") or []:
+            if "secretRef" in source:
+                name = source["secretRef"]["name"]
+                source["secretRef"]["name"] = renamed.get(name, name)
     for volume in pod_spec.get("volumes") or []:
         if "configMap" in volume:
             volume["configMap"]["name"] = renamed.get(

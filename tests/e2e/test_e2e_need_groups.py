@@ -16,10 +16,15 @@ from e2e_support import TASK_EPISODE_HEAD, load, run_tool, write_script
 
 pytestmark = pytest.mark.e2e
 
-# A task that says "hold" never ends on its own; one that says "fail" fails on its own (a valid line).
+# A task that says "hold" never ends on its own; one that says "fail" fails on its own (a valid line);
+# one that says "sigterm" ends with a failure of its own once told to stop, as many programs do:
+# stopped by the tool, that end is not the episode's.
 EPISODE = (
     TASK_EPISODE_HEAD
     + """\
+if task.get("sigterm"):
+    import signal
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("stopped"))
 while task.get("hold"):
     time.sleep(0.05)
 if task.get("fail"):
@@ -66,7 +71,7 @@ def test_need_groups_ends_the_batch_once_k_groups_are_whole(
         {"id": "quick", "x": 1},
         {"id": "stuck", "x": 2, "hold": True, **other},
         {"id": "gave-up", "x": 3, "fail": True},
-        {"id": "stuck-too", "x": 4, "hold": True, **other},
+        {"id": "stuck-too", "x": 4, "hold": True, "sigterm": True, **other},
     ]
     if images == 2:  # the same image by another name: a Job of its own
         tasks[1]["image"] = tasks[3]["image"] = "docker.io/library/python:3.12-alpine"

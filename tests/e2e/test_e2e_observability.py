@@ -286,3 +286,24 @@ PHASE_POINTS = {
     "episode_work": ("ready", "reward"),
     "container_exit": ("reward", "container_finished"),
 }
+
+
+def test_a_detached_run_sends_no_trace_and_pushes_nothing_and_says_how_to_later(cluster, tmp_path):
+    """`run --detach` has not ended when it returns: a root span then would be a trace of a run
+    that ended with no episode, a push a metrics.prom it has not written; `report` sends both once
+    `attach` has saved the results."""
+    with RecordingServer() as collector, RecordingServer() as gateway:
+        done, output = run(
+            cluster,
+            tmp_path,
+            "detached",
+            "--detach",
+            "--otlp-endpoint",
+            collector.url,
+            "--pushgateway",
+            gateway.url,
+        )
+    assert collector.requests == [] and gateway.requests == []
+    assert not (output / "results.json").exists()
+    assert f"report {output} --otlp-endpoint {collector.url}/v1/traces" in done.stderr
+    assert f"--pushgateway {gateway.url}" in done.stderr

@@ -43,12 +43,14 @@ def kubectl_call(cluster: Any, kubectl: str, *args: str, stdin: str = "") -> str
     return done.stdout
 
 
-def make_secret(cluster: Any, kubectl: str, name: str, data: dict[str, str]) -> None:
-    """The user's own Secret in namespace default (as JSON: the emulator reads no protobuf)."""
+def make_secret(
+    cluster: Any, kubectl: str, name: str, data: dict[str, str], namespace: str = "default"
+) -> None:
+    """The user's own Secret in `namespace` (as JSON: the emulator reads no protobuf)."""
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name, "namespace": namespace},
         "stringData": data,
     }
     kubectl_call(cluster, kubectl, "create", "-f", "-", stdin=json.dumps(secret))
@@ -130,6 +132,74 @@ def test_resources_env_and_a_secrets_keys_reach_every_episode_and_no_file(
     )
     assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
     kubectl_call(cluster, kubectl, "delete", "secret", name, "-n", "default")
+
+
+# Says the digests of the two Secrets' keys it was given.
+TWO_SECRETS_SCRIPT = """\
+import hashlib, json, os, time
+
+def digest(name):
+    value = os.environ.get(name)
+    return value and hashlib.sha256(value.encode()).hexdigest()
+
+print(json.dumps({"event": "ready", "at": time.time(), "episode_id": os.environ["EPISODE_ID"]}))
+print(json.dumps({"event": "reward", "at": time.time(), "episode_id": os.environ["EPISODE_ID"],
+                  "reward": 1, "team": digest("TEAM_KEY"), "other": digest("OTHER_KEY")}),
+      flush=True)
+"""
+
+
+@on_tiers("emulator", "real_cluster")
+def test_in_a_shared_namespace_its_own_secret_is_read_in_place_and_another_copied_after_the_run(
+    tier: Any, tmp_path: Path
+) -> None:
+    """--namespace: a bare NAME is that namespace's Secret, referenced where it is (no copy); a
+    Secret of another namespace is copied under the run's suffix, its pods pointed at the copy,
+    and cleanup deletes the copy alone."""
+    kubectl, cluster = tier
+    team = "team-" + secrets.token_hex(3)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team}}
+    kubectl_call(cluster, kubectl, "create", "-f", "-", stdin=json.dumps(namespace))
+    team_value, other_value = "t-" + secrets.token_hex(8), "o-" + secrets.token_hex(8)
+    make_secret(cluster, kubectl, "creds", {"TEAM_KEY": team_value}, team)
+    other = "keys-" + secrets.token_hex(3)
+    make_secret(cluster, kubectl, other, {"OTHER_KEY": other_value})
+    output = tmp_path / "out"
+    result = run_tool(
+        cluster,
+        kubectl,
+        "run",
+        output=output,
+        count=1,
+        namespace=team,
+        episode_script=write_script(tmp_path, TWO_SECRETS_SCRIPT),
+        env_from_secret=["creds", f"default/{other}"],
+    )
+    assert result.returncode == 0, result.stderr
+    [reward] = [
+        event
+        for log in sorted(output.glob("rollout-*.log"))
+        for event in rl_batch_demo.parse_events(log.read_text().splitlines())
+        if event["event"] == "reward"
+    ]
+    assert (reward["team"], reward["other"]) == (
+        hashlib.sha256(team_value.encode()).hexdigest(),
+        hashlib.sha256(other_value.encode()).hexdigest(),
+    )
+    run_id = load(output / "receipt.json")["run_id"]
+    [pod] = load(output / "pods.json")["items"]
+    assert pod["spec"]["containers"][0]["envFrom"] == [
+        {"secretRef": {"name": "creds"}},
+        {"secretRef": {"name": f"{other}-{run_id}"}},
+    ]
+    listed = json.loads(kubectl_call(cluster, kubectl, "get", "secrets", "-n", team, "-o", "json"))
+    assert {item["metadata"]["name"] for item in listed["items"]} >= {"creds", f"{other}-{run_id}"}
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
+    listed = json.loads(kubectl_call(cluster, kubectl, "get", "secrets", "-n", team, "-o", "json"))
+    assert "creds" in {item["metadata"]["name"] for item in listed["items"]}
+    assert f"{other}-{run_id}" not in {item["metadata"]["name"] for item in listed["items"]}
+    kubectl_call(cluster, kubectl, "delete", "namespace", team, "--wait=false")
+    kubectl_call(cluster, kubectl, "delete", "secret", other, "-n", "default")
 
 
 @on_tiers("emulator", "real_cluster")

@@ -25,7 +25,11 @@ DOCS = Path(__file__).resolve().parent.parent.parent / "docs" / "operations.md"
 def secret_role() -> str:
     """The documented Role that lets the run get one Secret of another namespace."""
     blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text().split("## Permissions", 1)[1], re.S)
-    (role,) = [block for block in blocks if "kind: Role\n" in block]
+    (role,) = [
+        block
+        for block in blocks
+        if "kind: Role\n" in block and "name: rl-batch-demo-secret\n" in block
+    ]
     return role
 
 

@@ -1713,8 +1713,8 @@ def test_worker_test_file_fails_the_original_bug(worker_run: dict, tmp_path: Pat
 # Used where sys.stdlib_module_names does not exist (Python 3.9).
 STDLIB_ALLOW_LIST = frozenset(
     """
-    __future__ abc argparse ast asyncio base64 bisect calendar codecs collections concurrent ctypes
-    contextlib copy csv dataclasses datetime decimal difflib enum errno fcntl fnmatch fractions
+    __future__ abc argparse ast asyncio atexit base64 bisect calendar codecs collections concurrent ctypes
+    contextlib copy csv dataclasses datetime decimal difflib email enum errno fcntl fnmatch fractions
     functools gc getpass glob gzip hashlib heapq hmac html http importlib inspect io ipaddress
     itertools json keyword locale logging math mimetypes numbers operator os pathlib pickle platform
     posixpath pprint queue random re resource secrets select selectors shlex shutil signal socket

@@ -121,3 +121,29 @@ def test_an_episode_the_job_counts_but_whose_pod_is_gone_cannot_be_verified() ->
     )
     # Never counted by the Job: its pod was never created.
     assert demo.episode_row(3, [], job, {}, False, None, 1)["failure"].startswith("never started")
+
+
+def test_attach_resumes_a_job_its_client_suspended_never_one_need_groups_stopped() -> None:
+    """A client killed right after --need-groups stopped its Jobs (stamped and suspended, before
+    the controller's Suspended condition): attach must not resume them, which would run the
+    cancelled episodes; a Job an interrupted client suspended is resumed."""
+    patched: list[list[str]] = []
+
+    class Recording:
+        def run(self, args: list[str], retry_until: float | None = None) -> str:
+            patched.append(args)
+            return ""
+
+    run = type("Run", (), {"kubectl": Recording(), "namespace": "ns"})()
+
+    def job(name: str, annotations: dict) -> dict:
+        return {
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"suspend": True},
+            "status": {"active": 2},
+        }
+
+    stopped = job("stopped", {demo.NEED_GROUPS_ANNOTATION: "2"})
+    interrupted = job("interrupted", {})
+    assert demo.MODULES["attach"].resume(run, [stopped, interrupted]) == ["interrupted"]
+    assert [args[2] for args in patched] == ["interrupted"]

@@ -252,3 +252,44 @@ def test_a_time_out_names_only_the_flags_given(given: dict, parts: str | None) -
     assert stopped.startswith("stopped at its pod's deadline of 34 s from its start on the node")
     assert started.startswith("ran out of time: still running 34 s after its pod started")
     assert unstarted.startswith("container never started within its pod's deadline of 34 s")
+
+
+SIGTERM_HANDLED = (
+    "import os, signal, sys, time\n"
+    "def stop(signum, frame):\n"
+    "    print('stopping', flush=True)\n"
+    "    {end}\n"
+    "assert signal.signal(signal.SIGTERM, stop) == signal.SIG_DFL\n"
+    "assert signal.getsignal(signal.SIGTERM) is stop\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "end", ["sys.exit(1)", "sys.exit(0)", "raise RuntimeError('interrupted')", "os._exit(0)"]
+)
+def test_a_program_that_handles_sigterm_and_ends_ends_as_stopped_from_outside(
+    tmp_path: Path, end: str
+) -> None:
+    """The kubelet's SIGTERM (a suspended Job's pod deleted: --need-groups, Ctrl-C) ends a program
+    that handles it: that end is not the episode's own, so the pod fails (143), nothing recorded;
+    never an episode_exit that would count the stop as the episode's failure, a valid sample."""
+    (tmp_path / "episode.py").write_text(SIGTERM_HANDLED.format(end=end))
+    launcher = demo.EPISODE_LAUNCHER.replace(
+        '"/demo/episode.py"', repr(str(tmp_path / "episode.py"))
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-B", "-c", launcher],
+        env=dict(os.environ, EPISODE_ID="pod-a"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(15)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143, stderr
+    assert stdout.startswith("stopping") and exit_events(stdout) == []
+    assert 143 in demo.INFRASTRUCTURE_EXIT_CODES  # the pod's end: the infrastructure's

@@ -344,6 +344,43 @@ def test_the_rest_is_stopped_once_k_groups_have_every_members_valid_line(tmp_pat
     stream.close()
 
 
+def test_an_attach_counts_the_groups_made_whole_before_it(tmp_path: Path) -> None:
+    """An attach's stream is given the lines of the client before (kept): the groups they made
+    whole count toward K, so the rest is stopped once K are, as it would have been unattached;
+    K met by those lines alone stops the rest at the first turn of a Job still running."""
+    settings = demo.Settings(count=8, parallelism=8, rollout=True, group_size=2, need_groups=2)
+
+    def row(index: int) -> dict:
+        return {"index": index, "valid": True, "failure_class": None}
+
+    stopped: list[int] = []
+    stream = demo.RewardStream(
+        str(tmp_path / "a.jsonl"),
+        settings,
+        stop_rest=lambda: stopped.append(1),
+        kept=[row(0), row(1), row(4)],
+    )
+    assert stream.whole_groups == {0}
+    stream.deliver(row(5), None, "", None, streamed=True)  # group 2 whole: K = 2 met
+    assert stopped == [1]
+    stream.close()
+    stopped.clear()
+    stream = demo.RewardStream(
+        str(tmp_path / "b.jsonl"),
+        settings,
+        stop_rest=lambda: stopped.append(1),
+        kept=[row(0), row(1), row(2), row(3)],
+    )
+    state = demo.BatchState()
+    stream.judge(state, {}, [])  # its Job not seen yet: nothing stopped
+    assert stopped == []
+    state.job = {"metadata": {"name": "j"}, "status": {"active": 4}}
+    stream.judge(state, {}, [])
+    stream.judge(state, {}, [])
+    assert stopped == [1]
+    stream.close()
+
+
 def test_fewer_than_k_whole_groups_fail_the_batch() -> None:
     settings = demo.Settings(count=4, parallelism=4, rollout=True, group_size=2, need_groups=2)
     rows = [

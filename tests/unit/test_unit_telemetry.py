@@ -157,3 +157,28 @@ def test_a_failed_episode_without_a_pod_is_an_error_at_its_batchs_start() -> Non
     tags = {a["key"]: list(a["value"].values())[0] for a in failed["attributes"]}
     assert tags["episode.class"] == "infrastructure" and tags["episode.valid"] is False
     assert tags["error.type"] == "infrastructure" and "k8s.pod.name" not in tags
+
+
+def test_a_urls_user_and_password_go_as_basic_auth_and_are_never_quoted() -> None:
+    """`http://user:pass@host/` as --otlp-endpoint or --pushgateway: urllib would take the user
+    and password for part of the host (no port: an error quoting the password, uncaught, out of
+    the exporter's thread or the run); they are sent as HTTP basic auth, and never said."""
+    import base64
+
+    secret = "s3cret-do-not-print"
+    basic = "Basic " + base64.b64encode(f"user:{secret}".encode()).decode()
+    with RecordingServer() as collector:
+        port = collector.url.rsplit(":", 1)[1]
+        answer = demo.MODULES["telemetry"].post(
+            f"http://user:{secret}@127.0.0.1:{port}/v1/traces", {"X-Key": "k"}, b"{}"
+        )
+        assert answer.status == 200
+        problem = demo.push_metrics(f"http://user:{secret}@127.0.0.1:{port}", "run-1", "# EOF\n")
+        assert problem is None
+    assert [r.headers["Authorization"] for r in collector.requests] == [basic, basic]
+    assert collector.requests[0].headers["X-Key"] == "k"
+    # No port: urllib's own error would quote the password.
+    lost = demo.MODULES["telemetry"].post(f"http://user:{secret}@no-such-host.invalid/", {}, b"{}")
+    assert lost.status == 0 and secret not in lost.body
+    problem = demo.push_metrics(f"http://user:{secret}@no-such-host.invalid", "run-1", "")
+    assert problem is not None and secret not in problem
