@@ -353,6 +353,8 @@ class FollowerLease:
                 raise FollowerBusy(
                     "another follower wrote the run's lease at the same moment"
                 ) from None
+            if error.not_found:
+                return  # the namespace went after it was read (cleanup): nothing left to hold
             raise
 
     def release(self) -> None:

@@ -147,3 +147,35 @@ def test_attach_resumes_a_job_its_client_suspended_never_one_need_groups_stopped
     interrupted = job("interrupted", {})
     assert demo.MODULES["attach"].resume(run, [stopped, interrupted]) == ["interrupted"]
     assert [args[2] for args in patched] == ["interrupted"]
+
+
+class VanishingNamespace:
+    """A kubectl whose namespace is read, then deleted (by the run's cleanup) before the patch."""
+
+    binary, context, verbose = "kubectl", None, False
+
+    def get(self, *args, **kwargs) -> dict:
+        return {"metadata": {"name": "agc-rl-x", "uid": "u1", "resourceVersion": "7"}}
+
+    def run(self, args, **kwargs):
+        raise demo.KubectlError(
+            "patch", 1, 'Error from server (NotFound): namespaces "agc-rl-x" not found'
+        )
+
+
+class OwnedReceipt:
+    namespace, namespace_uid = "agc-rl-x", "u1"
+
+    def owns_namespace(self, live: dict) -> bool:
+        return live["metadata"]["uid"] == self.namespace_uid
+
+
+def test_a_namespace_deleted_between_read_and_renewal_is_no_failure_to_hold_the_lease(
+    tmp_path: Path,
+) -> None:
+    lease = demo.FollowerLease(
+        VanishingNamespace(), OwnedReceipt(), str(tmp_path), str(tmp_path / "l")
+    )
+    lease.kubectl = VanishingNamespace()
+    lease.hold()  # no DemoError: the run's own cleanup deleted the namespace; nothing to warn of
+    assert lease.lost is None
