@@ -55,6 +55,7 @@ RESOURCES = {
     "nodes": ("/api/v1", False),
     "serviceaccounts": ("/api/v1", True),
     "jobs": ("/apis/batch/v1", True),
+    "secrets": ("/api/v1", True),
     "runtimeclasses": ("/apis/node.k8s.io/v1", False),
     "networkpolicies": ("/apis/networking.k8s.io/v1", True),
     "leases": ("/apis/coordination.k8s.io/v1", True),

@@ -322,13 +322,18 @@ def test_queued_pools_share_a_namespace_the_second_waits_for_the_quota_then_serv
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "lq"
         with first.claim(timeout=180) as sandbox:
             assert sandbox.run("echo $MODE").stdout == "queued\n"
+            # Both of the first pool's sandboxes hold the quota (one claimed, one warm). Once a
+            # sandbox finishes, Kueue reclaims its pod's share (the Job's reclaimablePods), so the
+            # second pool is asked for while both still run.
+            second = rl_batch_demo.open_pool(
+                output=str(tmp_path / "b"), size=1, episodes=1, **flags
+            )
+            with pytest.raises(rl_batch_demo.DemoError) as waiting:
+                second.claim(timeout=15)
+            said = str(waiting.value)
+            assert "is queued, not yet admitted by Kueue" in said, said
+            assert "insufficient" in said or "couldn't assign flavors" in said, said
             sandbox.finish(reward=1.0)
-        second = rl_batch_demo.open_pool(output=str(tmp_path / "b"), size=1, episodes=1, **flags)
-        with pytest.raises(rl_batch_demo.DemoError) as waiting:
-            second.claim(timeout=8)
-        said = str(waiting.value)
-        assert "is queued, not yet admitted by Kueue" in said, said
-        assert "couldn't assign flavors" in said or "queued" in said, said
     assert cluster.get("jobs", "kq-pool", f"pool-{run_a}") is None
     assert cluster.get("namespaces", None, "kq-pool") is not None
     with second:
