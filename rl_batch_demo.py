@@ -9351,6 +9351,8 @@ class SpanExporter:
         self.config, self.send, self.sleep = config, send, sleep
         self.record = ExportRecord(config.url)
         self.given_up = False
+        self.abandoned = False  # closed with a request in flight: close() counted what was left
+        self.counting = threading.Lock()
         self.queue: queue.Queue[list[dict] | None] = queue.Queue()
         self.thread = threading.Thread(target=self.work, name="otlp-exporter", daemon=True)
         self.thread.start()
@@ -9365,13 +9367,15 @@ class SpanExporter:
             spans = self.queue.get()
             if spans is None:
                 return
-            if self.given_up:
-                self.record.not_exported += len(spans)
-            elif self.export(spans):
-                self.record.exported += len(spans)
-            else:
-                self.record.not_exported += len(spans)
-                self.given_up = True
+            sent = not self.given_up and self.export(spans)
+            with self.counting:
+                if self.abandoned:
+                    return  # close() already counted these spans as not exported
+                if sent:
+                    self.record.exported += len(spans)
+                else:
+                    self.record.not_exported += len(spans)
+                    self.given_up = True
 
     def export(self, spans: list[dict]) -> bool:
         """One request, retried; whether the collector took its spans (a partial success counts
@@ -9407,11 +9411,15 @@ class SpanExporter:
         """Wait (at most `wait` seconds) for what is queued; what is left is not exported."""
         self.queue.put(None)
         self.thread.join(wait)
-        if self.thread.is_alive():
-            self.given_up = True
-            left = self.record.spans - self.record.exported - self.record.not_exported
-            self.record.not_exported += left
-            self.record.errors.append(f"{left} spans still queued after {wait:.0f} s")
+        with self.counting:
+            if self.thread.is_alive():
+                # A request still in flight is counted not exported: whether it lands is unknown.
+                self.given_up = self.abandoned = True
+                left = self.record.spans - self.record.exported - self.record.not_exported
+                self.record.not_exported += left
+                self.record.errors.append(
+                    f"{left} spans still queued or in flight after {wait:.0f} s"
+                )
         return self.record
 
 
@@ -15881,12 +15889,14 @@ def execute(run: RunContext) -> Results | None:
     stamp_origin(run)
     save_planned_jobs(run)
     create_namespace(run)
-    for manifest in run.plan.setup:
-        created = create_object(run, filled(manifest, secrets_read))
-        if run.receipt.shared:  # its UID saved before the next object is made
-            metadata = created["metadata"]
-            run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
-    secrets_read.clear()
+    try:
+        for manifest in run.plan.setup:
+            created = create_object(run, filled(manifest, secrets_read))
+            if run.receipt.shared:  # its UID saved before the next object is made
+                metadata = created["metadata"]
+                run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
+    finally:
+        secrets_read.clear()  # on a failure too: no traceback's frame keeps the values
     if run.settings.prepull:
         prepull(run)
     if run.detach:

@@ -372,12 +372,14 @@ def execute(run: RunContext) -> Results | None:
     stamp_origin(run)
     save_planned_jobs(run)
     create_namespace(run)
-    for manifest in run.plan.setup:
-        created = create_object(run, filled(manifest, secrets_read))
-        if run.receipt.shared:  # its UID saved before the next object is made
-            metadata = created["metadata"]
-            run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
-    secrets_read.clear()
+    try:
+        for manifest in run.plan.setup:
+            created = create_object(run, filled(manifest, secrets_read))
+            if run.receipt.shared:  # its UID saved before the next object is made
+                metadata = created["metadata"]
+                run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
+    finally:
+        secrets_read.clear()  # on a failure too: no traceback's frame keeps the values
     if run.settings.prepull:
         prepull(run)
     if run.detach:

@@ -338,6 +338,8 @@ class SpanExporter:
         self.config, self.send, self.sleep = config, send, sleep
         self.record = ExportRecord(config.url)
         self.given_up = False
+        self.abandoned = False  # closed with a request in flight: close() counted what was left
+        self.counting = threading.Lock()
         self.queue: queue.Queue[list[dict] | None] = queue.Queue()
         self.thread = threading.Thread(target=self.work, name="otlp-exporter", daemon=True)
         self.thread.start()
@@ -352,13 +354,15 @@ class SpanExporter:
             spans = self.queue.get()
             if spans is None:
                 return
-            if self.given_up:
-                self.record.not_exported += len(spans)
-            elif self.export(spans):
-                self.record.exported += len(spans)
-            else:
-                self.record.not_exported += len(spans)
-                self.given_up = True
+            sent = not self.given_up and self.export(spans)
+            with self.counting:
+                if self.abandoned:
+                    return  # close() already counted these spans as not exported
+                if sent:
+                    self.record.exported += len(spans)
+                else:
+                    self.record.not_exported += len(spans)
+                    self.given_up = True
 
     def export(self, spans: list[dict]) -> bool:
         """One request, retried; whether the collector took its spans (a partial success counts
@@ -394,11 +398,15 @@ class SpanExporter:
         """Wait (at most `wait` seconds) for what is queued; what is left is not exported."""
         self.queue.put(None)
         self.thread.join(wait)
-        if self.thread.is_alive():
-            self.given_up = True
-            left = self.record.spans - self.record.exported - self.record.not_exported
-            self.record.not_exported += left
-            self.record.errors.append(f"{left} spans still queued after {wait:.0f} s")
+        with self.counting:
+            if self.thread.is_alive():
+                # A request still in flight is counted not exported: whether it lands is unknown.
+                self.given_up = self.abandoned = True
+                left = self.record.spans - self.record.exported - self.record.not_exported
+                self.record.not_exported += left
+                self.record.errors.append(
+                    f"{left} spans still queued or in flight after {wait:.0f} s"
+                )
         return self.record
 
 

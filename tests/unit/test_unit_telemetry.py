@@ -4,6 +4,7 @@ text (escaping, histograms)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import all_names as demo
@@ -99,6 +100,25 @@ def test_a_partial_success_counts_the_rejected_spans() -> None:
         record = exporter.close()
     assert (record.exported, record.not_exported) == (3, 2)
     assert record.errors == ["rejected 2: too old"]
+
+
+def test_a_request_in_flight_at_close_is_counted_once_not_exported() -> None:
+    sending, release = threading.Event(), threading.Event()
+
+    def send(url, headers, body):
+        sending.set()
+        release.wait(10)
+        return demo.Response(200, None, "{}")
+
+    exporter = demo.SpanExporter(config_for("http://127.0.0.1:9"), send=send)
+    exporter.submit(spans(4))
+    assert sending.wait(10)
+    record = exporter.close(wait=0.05)
+    release.set()
+    exporter.thread.join(10)
+    # Whether it landed is unknown: not exported, and never also counted exported.
+    assert (record.spans, record.exported, record.not_exported) == (4, 0, 4)
+    assert record.errors == ["4 spans still queued or in flight after 0 s"]
 
 
 def test_attributes_keep_their_types() -> None:
