@@ -89,11 +89,16 @@ def lease_on(emulator: Any, namespace: str) -> dict | None:
 def release_all(cluster: Any, namespace: str, tier_name: str = "emulator") -> None:
     """Let every held episode of the namespace that is running now end: the file it waits for,
     in its pod's emptyDir on the node (the emulator's kubelets and the node agent keep them alike)."""
-    node = cluster if tier_name == "emulator" else cluster.agent
     for pod in cluster.list("pods", namespace):
-        volumes = node.workdir / "pods" / pod["metadata"]["uid"] / "volumes" / "workspace"
-        if volumes.is_dir():
-            (volumes / "release").write_text("go")
+        uid = pod["metadata"]["uid"]
+        if tier_name == "real_node":  # the kubelet's own emptyDir
+            volumes = cluster.node_dir / "kubelet" / "pods" / uid / "volumes"
+            workspace = volumes / "kubernetes.io~empty-dir" / "workspace"
+        else:
+            node = cluster if tier_name == "emulator" else cluster.agent
+            workspace = node.workdir / "pods" / uid / "volumes" / "workspace"
+        if workspace.is_dir():
+            (workspace / "release").write_text("go")
 
 
 def test_the_run_is_its_one_follower_holding_a_lock_and_a_lease_list_shows(
@@ -174,7 +179,7 @@ def emulator_tier(cluster: Any) -> Any:
     return cluster
 
 
-@on_tiers("emulator", "real_cluster")
+@on_tiers("emulator", "real_cluster", "real_node")
 def test_a_run_killed_while_its_pods_run_is_attached_and_ends_as_an_uninterrupted_one(
     tier: Any, tier_name: str, tmp_path: Path
 ) -> None:
@@ -183,6 +188,10 @@ def test_a_run_killed_while_its_pods_run_is_attached_and_ends_as_an_uninterrupte
     output = killed_run(emulator, kubectl, tmp_path)
     namespace = namespace_of(output)
     before = lines_of(output)
+    # Nobody follows, and the held episodes' pods keep running (on the real node, containers).
+    time.sleep(3)
+    still = [p for p in emulator.list("pods", namespace) if p["status"].get("phase") == "Running"]
+    assert len(still) == 2, [p["status"].get("phase") for p in emulator.list("pods", namespace)]
     assert (output / "follower.lock").exists() and lease_on(emulator, namespace) is not None
     process = start_tool(emulator, kubectl, "attach", output=output, quiet=True)
     try:
