@@ -4,6 +4,9 @@ API, from a config file written here; and the Pushgateway, likewise.
     with Jaeger(bin_dir, workdir) as jaeger:
         ... run the tool with --otlp-endpoint jaeger.otlp_url ...
         trace = jaeger.trace(trace_id)      # /api/traces/<id>: spans with startTime/duration in µs
+
+Given `ui_assets` (a built jaeger-ui directory: Jaeger built from the module proxy has none), it
+serves that UI at `query_url` too (tests/support/jaeger_screenshot.py).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ extensions:
       traces: memstore
     # Times as sent: no clock-skew adjustment of a child's span against its parent's.
     max_clock_skew_adjust: 0s
-    enable_tracing: false
+    enable_tracing: false{ui}
     http:
       endpoint: 127.0.0.1:{query_http}
     grpc:
@@ -79,14 +82,15 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
 class Jaeger:
     """One Jaeger process: `otlp_url` to export to, `query_url` to read back."""
 
-    def __init__(self, bin_dir: Path, workdir: Path) -> None:
+    def __init__(self, bin_dir: Path, workdir: Path, ui_assets: Path | None = None) -> None:
         self.binary = bin_dir / "jaeger"
         self.workdir = workdir
         ports = {"otlp_http": free_port(), "query_http": free_port(), "query_grpc": free_port()}
         self.otlp_url = f"http://127.0.0.1:{ports['otlp_http']}"
         self.query_url = f"http://127.0.0.1:{ports['query_http']}"
         self.config = workdir / "jaeger.yaml"
-        self.config.write_text(CONFIG.format(**ports))
+        ui = f"\n    ui:\n      assets_path: {json.dumps(str(ui_assets))}" if ui_assets else ""
+        self.config.write_text(CONFIG.format(ui=ui, **ports))
         self.log = workdir / "jaeger.log"
         self.process: subprocess.Popen | None = None
 
