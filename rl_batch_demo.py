@@ -11506,7 +11506,8 @@ class ProxyClient:
             connection.request(method, path, body=body, headers=headers)
             response = connection.getresponse()
             data = response.read()
-        except (OSError, http.client.HTTPException):
+        except BaseException:
+            # Broken, or left mid-request (Ctrl-C): the next request needs a fresh connection.
             self.forget()
             raise
         if (response.getheader("Connection") or "").lower() == "close":
@@ -17188,9 +17189,9 @@ class Pool:
     def __enter__(self) -> Pool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, *exc: Any) -> None:
         try:
-            self.close()
+            close_pool(self, kind is KeyboardInterrupt)
         finally:
             finish_pool_run(self)
 
@@ -17509,9 +17510,9 @@ def note_refill(pool: Pool, name: str) -> None:
             pool.refills.append(time.time() - released.pop(0))
 
 
-def close_pool(pool: Pool) -> dict:
+def close_pool(pool: Pool, interrupted: bool = False) -> dict:
     """Close a pool once: its claims refused, its Jobs suspended, its watch and probes stopped,
-    its evidence and results saved."""
+    its evidence and results saved (`interrupted`: by Ctrl-C, which it says)."""
     with pool.state.condition:
         if pool.state.closed:
             return pool.results
@@ -17520,7 +17521,8 @@ def close_pool(pool: Pool) -> dict:
     pool.stopped.set()
     pool.closed_at = time.monotonic()
     try:
-        pods = save_pool_evidence(pool)  # while its sandboxes still run: their logs are there
+        # While its sandboxes still run: their logs are there.
+        pods = save_pool_evidence(pool, interrupted)
     finally:
         for name in pool.jobs.values():
             suspend_job(pool, name)
@@ -17560,13 +17562,16 @@ def suspend_job(pool: Pool, name: str) -> None:
     """Suspend one of the pool's Jobs: its pods are stopped and no new one is made."""
     path = f"/apis/batch/v1/namespaces/{pool.run.namespace}/jobs/{name}"
     body = json.dumps({"spec": {"suspend": True}}).encode()
-    try:
-        answer = pool.client.request(
-            "PATCH", path, body, {"Content-Type": "application/merge-patch+json"}, 30.0
-        )
-        said = "" if answer.status == 200 else status_message(answer)
-    except (OSError, http.client.HTTPException) as error:
-        said = str(error)
+    said = ""
+    for _ in range(2):  # a broken connection once is no reason to leave the Job running
+        try:
+            answer = pool.client.request(
+                "PATCH", path, body, {"Content-Type": "application/merge-patch+json"}, 30.0
+            )
+            said = "" if answer.status == 200 else status_message(answer)
+            break
+        except (OSError, http.client.HTTPException) as error:
+            said = str(error) or type(error).__name__
     if said:
         print(
             f"Warning: could not suspend Job {name} ({said}); its sandboxes end at their idle "
@@ -17582,7 +17587,7 @@ def proxy_json(pool: Pool, path: str) -> Any:
     return json.loads(answer.body)
 
 
-def save_pool_evidence(pool: Pool) -> list[dict]:
+def save_pool_evidence(pool: Pool, interrupted: bool = False) -> list[dict]:
     """job.json, pods.json, events.json and each pod's log, read through the proxy; the pods."""
     namespace, output = pool.run.namespace, pool.run.output
     # In a namespace the pool shares: its own Jobs and pods (its run label), their events.
@@ -17611,17 +17616,44 @@ def save_pool_evidence(pool: Pool) -> list[dict]:
     write_json(os.path.join(output, "job.json"), jobs)
     write_json(os.path.join(output, "pods.json"), pods)
     write_json(os.path.join(output, "events.json"), events)
-    for pod in pods.get("items") or []:
-        name = pod["metadata"]["name"]
-        try:
-            answer = pool.client.request(
-                "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", None, {}, 30.0
-            )
-            text = answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
-        except OSError:
-            text = ""
-        write_text(os.path.join(output, f"{name}.log"), text)
+    save_pod_logs(pool, [pod["metadata"]["name"] for pod in pods.get("items") or []], interrupted)
     return list(pods.get("items") or [])
+
+
+def save_pod_logs(pool: Pool, names: Sequence[str], interrupted: bool) -> None:
+    """Each pod's log as POD.log, LOG_READERS read at once. After Ctrl-C it says what it is doing,
+    and a second Ctrl-C leaves the logs not yet read (the close goes on: Jobs, results, cleanup)."""
+    if interrupted and names:
+        print(
+            f"Interrupted: saving the pool's evidence ({len(names)} pods' logs; Ctrl-C again "
+            "to skip them)",
+            file=sys.stderr,
+            flush=True,
+        )
+    readers = concurrent.futures.ThreadPoolExecutor(LOG_READERS, "rl-batch-demo log")
+    saved = 0
+    try:
+        for name, text in zip(names, readers.map(lambda name: pod_log(pool, name), names)):
+            write_text(os.path.join(pool.run.output, f"{name}.log"), text)
+            saved += 1
+    except KeyboardInterrupt:
+        print(
+            f"Warning: {len(names) - saved} of {len(names)} pods' logs not saved (interrupted)",
+            file=sys.stderr,
+            flush=True,
+        )
+    finally:
+        readers.shutdown(wait=False, cancel_futures=True)
+
+
+def pod_log(pool: Pool, name: str) -> str:
+    """A pod's log through the proxy; empty when it has none (never started) or the read broke."""
+    path = f"/api/v1/namespaces/{pool.run.namespace}/pods/{name}/log"
+    try:
+        answer = pool.client.request("GET", path, None, {}, 30.0)
+    except (OSError, http.client.HTTPException):
+        return ""
+    return answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
 
 
 # A pool's episodes.csv: each episode's sandbox start and its own claim, each point as an absolute
@@ -17999,8 +18031,9 @@ def serve_episodes(pool: Pool, turns: Sequence[dict], tasks: Sequence[Task]) -> 
             [workers.submit(episode, n) for n in range(episodes)]
         ):
             done.result()
-    except BaseException:
-        close_pool(pool)  # the claims waiting end at once; Ctrl-C does not wait for the episodes
+    except BaseException as error:
+        # The claims waiting end at once; Ctrl-C does not wait for the episodes.
+        close_pool(pool, isinstance(error, KeyboardInterrupt))
         raise
     finally:
         workers.shutdown(wait=False, cancel_futures=True)
@@ -18064,17 +18097,23 @@ def pool_request(
 def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> int:
     """`pool`: open the pool, play every episode's turns on its sandboxes, close it, and say
     how it went; exit status 0, or 1 when an episode was lost to the cluster (past its --retries)."""
-    with open_pool_run(request, Caller(), shape) as pool:
-        if not request.quiet:
-            print(
-                f"Pool: {request.parallelism} sandboxes for {request.count} episodes",
-                file=sys.stderr,
-            )
-        serve_episodes(pool, turns, request.tasks or ())
+    hint = f"Clean up with: {cleanup_command(request.output, request.kubectl)}"
+    try:
+        with open_pool_run(request, Caller(), shape) as pool:
+            if not request.quiet:
+                print(
+                    f"Pool: {request.parallelism} sandboxes for {request.count} episodes",
+                    file=sys.stderr,
+                )
+            serve_episodes(pool, turns, request.tasks or ())
+    except KeyboardInterrupt:
+        if not request.cleanup:
+            print(hint, file=sys.stderr)
+        raise
     figures = pool.results
     print(pool_summary(figures, request.output))
     if not request.cleanup:
-        print(f"Clean up with: {cleanup_command(request.output, request.kubectl)}", file=sys.stderr)
+        print(hint, file=sys.stderr)
     # A loss played again (--retries) on a fresh sandbox is no episode lost.
     kept = sum(1 for line in figures["rewards"] if line["failure_class"] != "infrastructure")
     return 0 if kept >= request.count else 1

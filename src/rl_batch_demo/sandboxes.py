@@ -122,7 +122,8 @@ class ProxyClient:
             connection.request(method, path, body=body, headers=headers)
             response = connection.getresponse()
             data = response.read()
-        except (OSError, http.client.HTTPException):
+        except BaseException:
+            # Broken, or left mid-request (Ctrl-C): the next request needs a fresh connection.
             self.forget()
             raise
         if (response.getheader("Connection") or "").lower() == "close":

@@ -148,16 +148,33 @@ def many_sandboxes(kubectl: str, work: Path, sandboxes: int, commands: int) -> d
         proxy_used = sum(
             seconds - proxy_cpu.get(pid, 0.0) for pid, seconds in kubectl_cpu().items()
         )
+        evidence = evidence_seconds(pool)
         for sandbox in held:
             sandbox.finish(reward=1)
     total = sandboxes * commands
     return {
+        "evidence": evidence,
         "warm_after": warm_after,
         "per_second": total / wall,
         "cpu_per_command": used / total,
         "proxy_cpu_per_command": proxy_used / total,
         "kubectl_processes": processes,
     }
+
+
+def evidence_seconds(pool: rl_batch_demo.pool.Pool) -> dict[int, float]:
+    """The seconds the pool's evidence (job, pods, events, every pod's log) takes to save, by the
+    number of log readers: one at a time (the baseline) and the tool's."""
+    seconds, tools = {}, rl_batch_demo.pool.LOG_READERS
+    try:
+        for readers in (1, tools):
+            rl_batch_demo.pool.LOG_READERS = readers
+            started = time.monotonic()
+            rl_batch_demo.pool.save_pool_evidence(pool)
+            seconds[readers] = time.monotonic() - started
+    finally:
+        rl_batch_demo.pool.LOG_READERS = tools
+    return seconds
 
 
 def wall_of(argv: list[str]) -> float:
@@ -209,6 +226,15 @@ def main() -> int:
                 f"{many['per_second']:.0f} commands/s, {many['cpu_per_command'] * 1000:.2f} ms of "
                 f"this process's CPU a command, {many['proxy_cpu_per_command'] * 1000:.2f} ms of "
                 "its kubectl proxy's",
+                flush=True,
+            )
+            evidence = many["evidence"]
+            readers = max(evidence)
+            one_by_one, seconds = evidence[1], evidence[readers]
+            print(
+                f"evidence of {args.sandboxes} sandboxes (pods' logs), as closing saves it: "
+                f"{seconds:.2f} s with {readers} log readers, {one_by_one:.2f} s one at a time "
+                f"({one_by_one / seconds:.1f} x)",
                 flush=True,
             )
             print(

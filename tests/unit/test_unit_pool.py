@@ -387,3 +387,33 @@ def test_a_pools_bad_sandbox_settings_are_refused_before_anything(options: dict,
     with pytest.raises(demo.UsageError) as caught:
         demo.pool_request("out", 4, 16, None, options, demo.COMMAND_LINE)
     assert str(caught.value).startswith(said), str(caught.value)
+
+
+class InterruptedConnection:
+    """A kept-alive connection whose request is cut by Ctrl-C half-way."""
+
+    sock = None
+    timeout = 0.0
+    closed = False
+
+    def request(self, *args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_request_cut_by_ctrl_c_leaves_no_half_used_connection_for_the_next(
+    tmp_path: Path,
+) -> None:
+    client = demo.ProxyClient(str(tmp_path / "s"), lambda line: None)
+    cut = InterruptedConnection()
+    client._local.connection = cut
+    with pytest.raises(KeyboardInterrupt):
+        client.request("GET", "/x", None, {}, 10.0)
+    # The Jobs' suspension that follows the interrupt gets a fresh connection, not "Request-sent".
+    assert cut.closed and client._local.connection is None
+    serve_once(
+        tmp_path / "s", b"HTTP/1.1 200 OK\r\nX-Sandbox-Answer: 1\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    assert client.request("GET", "/x", None, {}, 10.0).status == 200
