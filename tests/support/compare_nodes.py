@@ -72,6 +72,9 @@ KNOWN_DIFFERENCES: Dict[str, List[str]] = {
         "NetworkPolicies are stored and never enforced (a pod's empty network namespace reaches "
         "nothing anyway), and hostAliases are not written into a pod's /etc/hosts: a real node "
         "with a policy plugin enforces the one, and its kubelet writes the other",
+        "there is no Kueue: no Workload, LocalQueue or ClusterQueue is served and nothing "
+        "suspends a labelled Job, so a --queue run's admission (queue_wait, Pending messages, "
+        "eviction) is proven on the real control plane with Kueue v0.17.0's own manager alone",
     ],
     "agent": [
         "pods that declare ports share one network namespace (tests/support/pod_network.py), each "
