@@ -13794,6 +13794,7 @@ def cleanup_shared(
     report = report or sys.stdout
     namespace, deleted, left = receipt.namespace, [], []
     jobs: list[str] = []
+    record_labelled_jobs(kubectl, receipt)
     for item in receipt.objects():
         if not item.get("uid"):
             left.append(f"{item['kind']} {item['name']} (no UID recorded: not touched)")
@@ -13815,6 +13816,26 @@ def cleanup_shared(
         file=report,
         flush=True,
     )
+
+
+def record_labelled_jobs(kubectl: Kubectl, receipt: Receipt) -> None:
+    """The Jobs with the run's label that its receipt lacks (a SIGKILL came between a Job's
+    creation and its record), recorded with the UIDs they have: the label is the run's own id, so
+    they are the run's."""
+    try:
+        listed = kubectl.get_list(
+            "jobs",
+            receipt.namespace,
+            "-l",
+            f"{RUN_LABEL}={receipt.run_id}",
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    except DemoError:
+        return  # the receipt's own record is what is deleted
+    for job in (listed or {}).get("items") or []:
+        metadata = job["metadata"]
+        if not receipt.has_job(metadata["name"]):
+            receipt.record_job(metadata["name"], metadata["uid"])
 
 
 def wait_jobs_gone(
@@ -17864,12 +17885,14 @@ def make_pool_setup(run: RunContext) -> None:
     secrets_read = read_pool_secrets(run)
     stamp_origin(run)
     create_namespace(run)
-    for manifest in run.plan.setup:
-        created = create_object(run, filled(manifest, secrets_read))
-        if run.receipt.shared:
-            metadata = created["metadata"]
-            run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
-    secrets_read.clear()
+    try:
+        for manifest in run.plan.setup:
+            created = create_object(run, filled(manifest, secrets_read))
+            if run.receipt.shared:
+                metadata = created["metadata"]
+                run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
+    finally:
+        secrets_read.clear()  # on a failure too: no traceback's frame keeps the values
 
 
 def read_pool_secrets(run: RunContext) -> ReadSecrets:

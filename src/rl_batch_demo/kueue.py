@@ -80,6 +80,7 @@ def cleanup_shared(
     report = report or sys.stdout
     namespace, deleted, left = receipt.namespace, [], []
     jobs: list[str] = []
+    record_labelled_jobs(kubectl, receipt)
     for item in receipt.objects():
         if not item.get("uid"):
             left.append(f"{item['kind']} {item['name']} (no UID recorded: not touched)")
@@ -101,6 +102,26 @@ def cleanup_shared(
         file=report,
         flush=True,
     )
+
+
+def record_labelled_jobs(kubectl: Kubectl, receipt: Receipt) -> None:
+    """The Jobs with the run's label that its receipt lacks (a SIGKILL came between a Job's
+    creation and its record), recorded with the UIDs they have: the label is the run's own id, so
+    they are the run's."""
+    try:
+        listed = kubectl.get_list(
+            "jobs",
+            receipt.namespace,
+            "-l",
+            f"{RUN_LABEL}={receipt.run_id}",
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    except DemoError:
+        return  # the receipt's own record is what is deleted
+    for job in (listed or {}).get("items") or []:
+        metadata = job["metadata"]
+        if not receipt.has_job(metadata["name"]):
+            receipt.record_job(metadata["name"], metadata["uid"])
 
 
 def wait_jobs_gone(

@@ -1031,12 +1031,14 @@ def make_pool_setup(run: RunContext) -> None:
     secrets_read = read_pool_secrets(run)
     stamp_origin(run)
     create_namespace(run)
-    for manifest in run.plan.setup:
-        created = create_object(run, filled(manifest, secrets_read))
-        if run.receipt.shared:
-            metadata = created["metadata"]
-            run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
-    secrets_read.clear()
+    try:
+        for manifest in run.plan.setup:
+            created = create_object(run, filled(manifest, secrets_read))
+            if run.receipt.shared:
+                metadata = created["metadata"]
+                run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
+    finally:
+        secrets_read.clear()  # on a failure too: no traceback's frame keeps the values
 
 
 def read_pool_secrets(run: RunContext) -> ReadSecrets:

@@ -101,9 +101,14 @@ def test_two_runs_share_a_namespace_and_each_cleans_up_only_its_own(tier, tier_n
     assert set(mine) == {receipt["run_id"] for receipt in receipts}
     assert all(item["shared_namespace"] and item["state"] == "succeeded" for item in mine.values())
 
+    # A SIGKILL between a Job's creation and its record leaves the Job out of the receipt: the
+    # cleanup finds it by the run's label and deletes it by the UID it has.
+    unrecorded = dict(receipts[0], jobs={})
+    (tmp_path / "a" / "receipt.json").write_text(json.dumps(unrecorded))
     cleaned = run_tool(cluster, kubectl, "cleanup", output=tmp_path / "a")
     assert cleaned.returncode == 0, cleaned.stderr
     assert "the namespace stays" in cleaned.stdout
+    assert "Deleted 2 objects" in cleaned.stdout, cleaned.stdout
     run_a = receipts[0]["run_id"]
     assert f"rollout-{run_a}" not in names_in(cluster, "jobs", namespace)
     assert names_in(cluster, "jobs", namespace) == {f"rollout-{run_b}"}
