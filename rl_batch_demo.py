@@ -5740,6 +5740,25 @@ def check_container_exit(name: str, pod: dict) -> None:
         raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
 
 
+def never_ran(pod: dict, job: dict) -> bool:
+    """A pod of a Job that was suspended, deleted before any container of it was made: no
+    episode ran in it. Kueue stops a Job it has just admitted when its Workload is not yet in its
+    cache ("Missing Workload; unable to restore pod templates", kubernetes-sigs/kueue#8482) and
+    resumes it, and an eviction can come before the pods start: the Job controller deletes the
+    pods, which end Failed (ContainerStatusUnknown, never started), and makes others."""
+    if not pod["metadata"].get("deletionTimestamp"):
+        return False
+    conditions = (job.get("status") or {}).get("conditions") or []
+    if not any(condition.get("type") == "Suspended" for condition in conditions):
+        return False
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = status.get("state") or {}
+        terminated = state.get("terminated") or {}
+        if status.get("containerID") or "running" in state or terminated.get("startedAt"):
+            return False
+    return True
+
+
 def verify_batch(
     count: int,
     job: dict,
@@ -7543,6 +7562,13 @@ def reward_figures(rows: Sequence[dict], records: Sequence[dict], builtin: bool)
     }
 
 
+def ran_pods(job: dict, pods: Sequence[dict]) -> tuple[list[dict], list[str]]:
+    """The pods an episode may have run in, and the names of those a suspension of the Job
+    deleted before any container was made (outcomes.never_ran): no episode, not counted."""
+    unrun = sorted(pod_name(pod) for pod in pods if never_ran(pod, job))
+    return [pod for pod in pods if pod_name(pod) not in unrun], unrun
+
+
 @cycle_collector_paused()
 def summarise_batch(
     job: dict,
@@ -7563,7 +7589,7 @@ def summarise_batch(
     summarised while the batch ran, each taken where its pod, log and inputs are the final ones
     (the result is the same as without them). `index`: the watch's index of the events, taken
     where it is exact and of these very events (else they are read again)."""
-    drafts = drafts or {}
+    drafts, (pods, unrun) = drafts or {}, ran_pods(job, pods)
     episodes = verify_batch(count, job, pods, logs, builtin, drafts)
     sources = batch_sources(job, pods, count, episodes, events, observed, index)
     summarised = [
@@ -7586,6 +7612,7 @@ def summarise_batch(
         images=image_figures(records),
         warnings=warning_summary(events),
         pods=rows,
+        **({"pods_that_never_ran": unrun} if unrun else {}),
     )
     # The Job may first have existed before the create call returned (its pods can be created
     # before): the timeline marks that moment on its axis, which starts at job_created.
@@ -11134,7 +11161,7 @@ def api_get_list(
     retry_until: float | None,
 ) -> dict:
     """`kubectl get KIND [-l SELECTOR] [--chunk-size=N] -o json`: every page, as one List."""
-    selector = flags[1] if flags[:1] == ["-l"] else None
+    selector = flags[1] if list(flags[:1]) == ["-l"] else None  # flags: a tuple as often as not
     sizes = [int(flag.split("=", 1)[1]) for flag in flags if flag.startswith("--chunk-size=")]
     listing = PagedList(resource_path(kind, namespace), selector, limit=sizes[0] if sizes else 500)
     while not listing.done:
@@ -14073,6 +14100,13 @@ def admit_batch(
     submitted = time.time()
     first = create()
     created = time.time()
+    wait_admitted(run, names)
+    record_admission(run, names, batch)
+    return Admitted(first, submitted, created)
+
+
+def wait_admitted(run: RunContext, names: Sequence[str]) -> None:
+    """Until Kueue has admitted (resumed) every one of the Jobs, saying what it says meanwhile."""
     said = ""
     while True:
         if run.stop is not None:
@@ -14086,8 +14120,6 @@ def admit_batch(
             print(line, file=sys.stderr, flush=True)
         said = line
         time.sleep(QUEUE_POLL_SECONDS)
-    record_admission(run, names, batch)
-    return Admitted(first, submitted, created)
 
 
 def read_jobs(run: RunContext, names: Sequence[str]) -> list[dict]:
@@ -16187,6 +16219,9 @@ def run_one_batch(
         if run.settings.queue and not adopt
         else None
     )
+    if run.settings.queue and adopt:  # attach: the Jobs made before, maybe queued still
+        wait_admitted(run, job_names)
+        record_admission(run, job_names, entry.dir)
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
@@ -18455,9 +18490,10 @@ def claim(
         missing_ok=True,
         retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
     )
-    if live is not None and not receipt.owns_namespace(live):
+    # A namespace the run shares is not its own (no run label, no lease on it): it need only be.
+    if live is not None and not (receipt.shared or receipt.owns_namespace(live)):
         live = None
-    lease = lease_of(live)
+    lease = None if receipt.shared else lease_of(live)
     why = lease_verdict(lease, this_holder(), time.time(), request.force)
     if why is not None:
         raise FollowerBusy(f"{why}; nothing was changed")

@@ -134,9 +134,10 @@ def claim(
         missing_ok=True,
         retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
     )
-    if live is not None and not receipt.owns_namespace(live):
+    # A namespace the run shares is not its own (no run label, no lease on it): it need only be.
+    if live is not None and not (receipt.shared or receipt.owns_namespace(live)):
         live = None
-    lease = lease_of(live)
+    lease = None if receipt.shared else lease_of(live)
     why = lease_verdict(lease, this_holder(), time.time(), request.force)
     if why is not None:
         raise FollowerBusy(f"{why}; nothing was changed")

@@ -359,6 +359,13 @@ def admit_batch(
     submitted = time.time()
     first = create()
     created = time.time()
+    wait_admitted(run, names)
+    record_admission(run, names, batch)
+    return Admitted(first, submitted, created)
+
+
+def wait_admitted(run: RunContext, names: Sequence[str]) -> None:
+    """Until Kueue has admitted (resumed) every one of the Jobs, saying what it says meanwhile."""
     said = ""
     while True:
         if run.stop is not None:
@@ -372,8 +379,6 @@ def admit_batch(
             print(line, file=sys.stderr, flush=True)
         said = line
         time.sleep(QUEUE_POLL_SECONDS)
-    record_admission(run, names, batch)
-    return Admitted(first, submitted, created)
 
 
 def read_jobs(run: RunContext, names: Sequence[str]) -> list[dict]:

@@ -148,6 +148,25 @@ def check_container_exit(name: str, pod: dict) -> None:
         raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
 
 
+def never_ran(pod: dict, job: dict) -> bool:
+    """A pod of a Job that was suspended, deleted before any container of it was made: no
+    episode ran in it. Kueue stops a Job it has just admitted when its Workload is not yet in its
+    cache ("Missing Workload; unable to restore pod templates", kubernetes-sigs/kueue#8482) and
+    resumes it, and an eviction can come before the pods start: the Job controller deletes the
+    pods, which end Failed (ContainerStatusUnknown, never started), and makes others."""
+    if not pod["metadata"].get("deletionTimestamp"):
+        return False
+    conditions = (job.get("status") or {}).get("conditions") or []
+    if not any(condition.get("type") == "Suspended" for condition in conditions):
+        return False
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = status.get("state") or {}
+        terminated = state.get("terminated") or {}
+        if status.get("containerID") or "running" in state or terminated.get("startedAt"):
+            return False
+    return True
+
+
 def verify_batch(
     count: int,
     job: dict,

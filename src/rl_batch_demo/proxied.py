@@ -59,7 +59,7 @@ def api_get_list(
     retry_until: float | None,
 ) -> dict:
     """`kubectl get KIND [-l SELECTOR] [--chunk-size=N] -o json`: every page, as one List."""
-    selector = flags[1] if flags[:1] == ["-l"] else None
+    selector = flags[1] if list(flags[:1]) == ["-l"] else None  # flags: a tuple as often as not
     sizes = [int(flag.split("=", 1)[1]) for flag in flags if flag.startswith("--chunk-size=")]
     listing = PagedList(resource_path(kind, namespace), selector, limit=sizes[0] if sizes else 500)
     while not listing.done:

@@ -141,7 +141,14 @@ from .results import (
     warn_clocks,
 )
 from .lifecycle import cleanup_namespace
-from .kueue import admit_batch, check_queue, check_shared_namespace, complete_shared_receipt
+from .kueue import (
+    admit_batch,
+    check_queue,
+    check_shared_namespace,
+    complete_shared_receipt,
+    record_admission,
+    wait_admitted,
+)
 from .tenancy import queued_job, run_suffix, shared_jobs, shared_setup, stamped_jobs
 from .secretcopy import filled, read_secrets
 from .lease import FollowerLease, take_lock
@@ -648,6 +655,9 @@ def run_one_batch(
         if run.settings.queue and not adopt
         else None
     )
+    if run.settings.queue and adopt:  # attach: the Jobs made before, maybe queued still
+        wait_admitted(run, job_names)
+        record_admission(run, job_names, entry.dir)
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS

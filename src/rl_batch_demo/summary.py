@@ -63,7 +63,7 @@ from .timing import (
     start_path_phases,
     worker_time,
 )
-from .outcomes import is_failure, pod_index, verify_batch, verify_episode
+from .outcomes import is_failure, never_ran, pod_index, verify_batch, verify_episode
 
 
 class EventStore:
@@ -1023,6 +1023,13 @@ def reward_figures(rows: Sequence[dict], records: Sequence[dict], builtin: bool)
     }
 
 
+def ran_pods(job: dict, pods: Sequence[dict]) -> tuple[list[dict], list[str]]:
+    """The pods an episode may have run in, and the names of those a suspension of the Job
+    deleted before any container was made (outcomes.never_ran): no episode, not counted."""
+    unrun = sorted(pod_name(pod) for pod in pods if never_ran(pod, job))
+    return [pod for pod in pods if pod_name(pod) not in unrun], unrun
+
+
 @cycle_collector_paused()
 def summarise_batch(
     job: dict,
@@ -1043,7 +1050,7 @@ def summarise_batch(
     summarised while the batch ran, each taken where its pod, log and inputs are the final ones
     (the result is the same as without them). `index`: the watch's index of the events, taken
     where it is exact and of these very events (else they are read again)."""
-    drafts = drafts or {}
+    drafts, (pods, unrun) = drafts or {}, ran_pods(job, pods)
     episodes = verify_batch(count, job, pods, logs, builtin, drafts)
     sources = batch_sources(job, pods, count, episodes, events, observed, index)
     summarised = [
@@ -1066,6 +1073,7 @@ def summarise_batch(
         images=image_figures(records),
         warnings=warning_summary(events),
         pods=rows,
+        **({"pods_that_never_ran": unrun} if unrun else {}),
     )
     # The Job may first have existed before the create call returned (its pods can be created
     # before): the timeline marks that moment on its axis, which starts at job_created.

@@ -363,3 +363,31 @@ def test_a_pool_over_the_quota_is_refused_before_anything_is_made(real_cluster, 
     assert "runs 12 pods at once" in result.stderr and "nothing was created" in result.stderr
     assert run_labelled(cluster, "kq-pool-over", "jobs") == []
     assert run_labelled(cluster, "kq-pool-over", "secrets") == []
+
+
+def test_a_detached_queued_run_is_attached_and_its_admission_measured(
+    real_cluster, kueue, tmp_path
+):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-detach", "lq", "cq-detach", QUOTA)
+    output = tmp_path / "out"
+    flags = dict(count=2, namespace="kq-detach", queue="lq", output=output, quiet=True)
+    submitted = run_tool(cluster, kubectl, "run", detach=True, **flags)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "attach --output" in submitted.stdout + submitted.stderr
+    assert not (output / "results.json").exists()
+    run_id = load(output / "receipt.json")["run_id"]
+    job = cluster.get("jobs", "kq-detach", f"rollout-{run_id}")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "lq"
+    attached = run_tool(cluster, kubectl, "attach", output=output, quiet=True)
+    assert attached.returncode == 0, attached.stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == 2 and results["attach"]["batches_attached"] == 1
+    (workload,) = load(output / "workloads.json")["items"]
+    admission = results["admission"]
+    assert admission["quota_reserved_at"] == condition_time(workload, "QuotaReserved")
+    assert admission["admitted_at"] == condition_time(workload, "Admitted")
+    assert admission["queued_at"] <= admission["quota_reserved_at"] <= admission["admitted_at"]
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert run_labelled(cluster, "kq-detach", "jobs") == []

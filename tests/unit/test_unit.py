@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import calendar
+import copy
 import csv
 import dataclasses
 import io
@@ -2536,3 +2537,55 @@ def test_no_module_function_or_class_of_the_package_is_past_its_size() -> None:
                 if length > most:
                     oversized.append(f"{path.name}: {node.name} {length} lines")
     assert oversized == []
+
+
+def stopped_before_running(name: str) -> dict:
+    """A pod as Kueue's stop of a just-admitted Job leaves it (kubernetes-sigs/kueue#8482): deleted
+    at once, Failed, its container never made (as a real API server and kubelet 1.35 saved it)."""
+    return {
+        "metadata": {
+            "name": name,
+            "creationTimestamp": "2026-12-07T12:33:33Z",
+            "deletionTimestamp": "2026-12-07T12:33:33Z",
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "episode",
+                    "started": False,
+                    "state": {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "ContainerStatusUnknown",
+                            "startedAt": None,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_a_pod_a_suspension_deleted_before_it_ran_is_no_episode_and_is_named() -> None:
+    job, pods, logs, events = synthetic_batch()
+    job = copy.deepcopy(job)
+    unrun = [
+        stopped_before_running("rollout-x-stopped1"),
+        stopped_before_running("rollout-x-stopped2"),
+    ]
+    # Without a suspension of the Job, a replaced pod is a failure, as the guide has it.
+    with pytest.raises(demo.VerificationError, match="expected 3 pods for 3 episodes, found 5"):
+        demo.summarise_batch(job, pods + unrun, logs, events, 3)
+    job.setdefault("status", {})["conditions"] = [
+        {"type": "Suspended", "status": "False", "reason": "JobResumed"}
+    ]
+    summary = demo.summarise_batch(job, pods + unrun, logs, events, 3)
+    assert summary.figures["episodes"] == 3
+    assert summary.figures["pods_that_never_ran"] == ["rollout-x-stopped1", "rollout-x-stopped2"]
+    assert "pods_that_never_ran" not in demo.summarise_batch(job, pods, logs, events, 3).figures
+    # A pod that did run (its container made) is an episode's pod still: a replaced one fails.
+    ran = stopped_before_running("rollout-x-ran")
+    ran["status"]["containerStatuses"][0]["containerID"] = "containerd://abc"
+    with pytest.raises(demo.VerificationError, match="found 4"):
+        demo.summarise_batch(job, pods + [ran], logs, events, 3)

@@ -199,3 +199,24 @@ def test_a_cleanup_begun_early_is_waited_for_and_says_what_it_did(
     run.cleanup_ahead, threads[:] = concurrent.futures.Future(), []
     demo.cleaned_up(run, report)
     assert threads == [threading.current_thread().name]
+
+
+class RecordingProxy:
+    """An ApiProxy that answers every list with one empty page and keeps the paths asked."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def call(self, verb: str, method: str, path: str, retry_until: Any, *rest: Any) -> str:
+        self.paths.append(path)
+        return json.dumps({"kind": "JobList", "items": [], "metadata": {}})
+
+
+def test_a_label_selector_given_as_a_tuple_selects_through_the_proxy_too() -> None:
+    # ProxiedKubectl.get_list(kind, namespace, *flags) hands its flags on as a tuple: a selector
+    # dropped there would list every Job of a shared namespace as the run's (and delete them).
+    proxy = RecordingProxy()
+    demo.api_get_list(proxy, "jobs", "team-a", ("-l", "agc-demo-run=abc"), None)
+    (path,) = proxy.paths
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+    assert query["labelSelector"] == ["agc-demo-run=abc"]
