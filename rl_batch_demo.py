@@ -7883,6 +7883,16 @@ def timeline_episodes(batches: Sequence[tuple[str, BatchSummary]]) -> list[tuple
     ]
 
 
+class TimelineKind(NamedTuple):
+    """What a timeline's bars are: its phases (each from one point to another) in the order drawn,
+    their colours, the legend's other entries (a meaning and its fill), and what its axis counts."""
+
+    phases: Mapping[str, tuple[str, str]]
+    colours: Mapping[str, str]
+    legend: Sequence[tuple[str, str]]
+    axis: str
+
+
 class TimelineLayout(NamedTuple):
     """Where the timeline's parts go: its size, its rows, its plot and its time axis."""
 
@@ -7897,6 +7907,7 @@ class TimelineLayout(NamedTuple):
     legend: list[str]  # the legend's parts
     step: float  # seconds between ticks
     axis_end: float  # seconds at the axis' right end
+    kind: TimelineKind  # a run's episodes, or a pool's
 
     def x(self, seconds: float) -> float:
         """Where a moment `seconds` after the axis' start is drawn."""
@@ -7907,15 +7918,18 @@ class TimelineLayout(NamedTuple):
         return self.top + self.row_height * self.rows + 6
 
 
-def timeline_layout(episodes: Sequence[tuple[float, dict]]) -> TimelineLayout:
+def timeline_layout(
+    episodes: Sequence[tuple[float, dict]], kind: TimelineKind | None = None
+) -> TimelineLayout:
     """The timeline's layout: rows as tall as its count allows, named where they are tall enough,
-    and an axis to the latest point any episode reached."""
+    and an axis to the latest point any episode reached; `kind` a run's unless given."""
+    kind = kind or RUN_TIMELINE
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
     left = 170 if labels else 60
     width, right = 1000, 30
-    legend, legend_last_row = timeline_legend(left, width - right)
+    legend, legend_last_row = timeline_legend(left, width - right, kind)
     top = legend_last_row + 38
     span = max(
         [
@@ -7939,6 +7953,7 @@ def timeline_layout(episodes: Sequence[tuple[float, dict]]) -> TimelineLayout:
         legend,
         step,
         math.ceil(span / step) * step,
+        kind,
     )
 
 
@@ -7976,7 +7991,7 @@ def timeline_axis(layout: TimelineLayout) -> list[str]:
     )
     parts.append(
         f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
-        f"{html_escape(TIME_AXIS)}</text>"
+        f"{html_escape(layout.kind.axis)}</text>"
     )
     return parts
 
@@ -8030,7 +8045,7 @@ def timeline_row(
     def at(moment: float) -> float:
         return layout.x(moment - origin)
 
-    parts += timeline_bars(record, at, y, layout.row_height)
+    parts += timeline_bars(record, at, y, layout.row_height, layout.kind)
     parts += unrewarded_bar(record, at, y, layout.row_height)
     if failed:
         parts.append(failed_marker(record, at, layout.left, y, layout.row_height))
@@ -8044,6 +8059,18 @@ GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not meas
 FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 UNREWARDED_MEANING = "ran, no reward (hung to its deadline, or crashed)"
+
+RUN_TIMELINE = TimelineKind(
+    PHASES,
+    PHASE_COLOURS,
+    (
+        ("split below its precision", 'fill="url(#unsplit)"'),
+        (UNREWARDED_MEANING, 'fill="url(#unrewarded)"'),
+        (FAILED_MEANING, FAILED_FILL.strip()),
+        (GAP_MEANING, 'fill="white" stroke="#999"'),
+    ),
+    TIME_AXIS,
+)
 
 # The points an episode passes before its reward, in order: where its running time starts.
 BEFORE_REWARD = (
@@ -8098,15 +8125,12 @@ def failed_marker(
     )
 
 
-def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
+def timeline_legend(left: int, right_edge: int, kind: TimelineKind) -> tuple[list[str], int]:
     """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
     legend = [
-        (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()
+        (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in kind.colours.items()
     ]
-    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
-    legend.append((UNREWARDED_MEANING, 'fill="url(#unrewarded)"'))
-    legend.append((FAILED_MEANING, FAILED_FILL.strip()))
-    legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
+    legend += kind.legend
     parts, legend_x, legend_y = [], left, 32
     for name, fill in legend:
         item_width = 16 + 7 * len(name) + 14
@@ -8118,7 +8142,9 @@ def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
     return parts, legend_y
 
 
-def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height: int) -> list[str]:
+def timeline_bars(
+    record: dict, x: Callable[[float], float], y: int, row_height: int, kind: TimelineKind
+) -> list[str]:
     """One episode's row of phase bars; `x` places an absolute moment on the axis."""
     points = record["points"]
     # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
@@ -8128,8 +8154,8 @@ def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height:
     # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
     cursor: float | None = None
     unsplit: list[str] = []
-    for phase, colour in PHASE_COLOURS.items():
-        start, end = PHASES[phase]
+    for phase, colour in kind.colours.items():
+        start, end = kind.phases[phase]
         if points.get(start) is None or points.get(end) is None:
             cursor, unsplit = None, []
             continue
@@ -9782,6 +9808,54 @@ def trace_episode(tracer: RunTracer, record: Mapping[str, Any]) -> None:
     start = min((point.at for point in points.values()), default=None)
     if start is not None:
         tracer.add(episode_spans(tracer.trace_id, tracer.root_id, record, start, POOL_TABLE))
+
+
+# A pool's timeline: each episode's sandbox starting, the trainer waiting for it, and its use; the
+# blank between a sandbox's start and its claim is the sandbox warm, waiting to be claimed.
+POOL_TIMELINE = TimelineKind(
+    {
+        phase: POOL_PHASES[phase]
+        for phase in ("pod_start", "server_start", "claim_wait", "episode_work")
+    },
+    {
+        "pod_start": "#f4a259",
+        "server_start": "#e76f51",
+        "claim_wait": "#9e9e9e",
+        "episode_work": "#4f86c6",
+    },
+    (
+        ("placed below its precision", 'fill="url(#unsplit)"'),
+        (FAILED_MEANING.replace(" (or cancelled)", ""), FAILED_FILL.strip()),
+        ("gap: the sandbox warm, not yet claimed", 'fill="white" stroke="#999"'),
+    ),
+    "seconds after the pool's first pod was created (its whole second)",
+)
+
+
+def pool_row_label(record: Mapping[str, Any]) -> str:
+    """A row's name: its task (shortened to fit) and the episode's index."""
+    where = f" #{record['index']}"
+    task = str(record.get("task_id") or record.get("pod") or "")
+    room = LABEL_CHARS - len(where)
+    return (task if len(task) <= room else task[: room - 1] + "\u2026") + where
+
+
+def pool_timeline_svg(episodes: Sequence[dict], title: str) -> str:
+    """timeline.svg of a pool: a row per episode (the first TIMELINE_MAX_ROWS by index), its
+    phases as bars from the pool's first point, a failed one marked."""
+    shown = list(episodes[:TIMELINE_MAX_ROWS])
+    if len(episodes) > len(shown):
+        title += f" (the first {len(shown)} episodes of {len(episodes)})"
+    moments = [point.at for record in shown for point in record["points"].values()]
+    origin = float(int(min(moments, default=0.0)))
+    # The timeline marks an episode failed when its record names a failure class at all.
+    rows = [(origin, {k: v for k, v in r.items() if k != "failure_class" or v}) for r in shown]
+    layout = timeline_layout(rows, POOL_TIMELINE)
+    parts = timeline_head(layout, title) + timeline_axis(layout)
+    for row, (start, record) in enumerate(rows):
+        parts += timeline_row(layout, row, start, record, pool_row_label(record))
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
 
 
 # --------------------------------------------------------------------------
@@ -17826,10 +17900,17 @@ def close_pool(pool: Pool) -> dict:
 
 
 def pool_telemetry(pool: Pool, episodes: list[dict]) -> None:
-    """metrics.prom beside results.json; with --otlp-endpoint the pool's root span sent and
-    `telemetry` recorded; with --pushgateway metrics.prom pushed. A failure is a warning."""
+    """metrics.prom and timeline.svg beside results.json; with --otlp-endpoint the pool's root
+    span sent and `telemetry` recorded; with --pushgateway metrics.prom pushed. A failure to send
+    or push is a warning."""
     run_id, telemetry = pool.run.receipt.run_id, pool.telemetry
     write_pool_metrics(pool.run.output, pool.results, episodes, run_id)
+    settings = pool.run.settings
+    title = (
+        f"{plural(len(episodes), 'episode')} on a pool of {settings.parallelism} sandboxes, "
+        f"runtime {settings.runtime}"
+    )
+    write_text(os.path.join(pool.run.output, "timeline.svg"), pool_timeline_svg(episodes, title))
     if telemetry.tracer is not None:
         telemetry.tracer.bounds.append(time.time())  # the root span ends as the pool closes
         finish_trace(telemetry.tracer, pool.run.output, pool.results, None, telemetry.quiet)

@@ -39,6 +39,7 @@ from .stats import percentile, rounded
 from .parse import parse_time
 from .timing import WHOLE_SECOND
 from .files import cleanup_command, write_json, write_text
+from .render import plural
 from .manifests import (
     namespace_manifest,
     parallelism_shares,
@@ -57,6 +58,7 @@ from .pooltelemetry import (
     sandbox_start,
     pool_episode,
     pool_episodes,
+    pool_timeline_svg,
     trace_episode,
     write_pool_metrics,
 )
@@ -734,10 +736,17 @@ def close_pool(pool: Pool) -> dict:
 
 
 def pool_telemetry(pool: Pool, episodes: list[dict]) -> None:
-    """metrics.prom beside results.json; with --otlp-endpoint the pool's root span sent and
-    `telemetry` recorded; with --pushgateway metrics.prom pushed. A failure is a warning."""
+    """metrics.prom and timeline.svg beside results.json; with --otlp-endpoint the pool's root
+    span sent and `telemetry` recorded; with --pushgateway metrics.prom pushed. A failure to send
+    or push is a warning."""
     run_id, telemetry = pool.run.receipt.run_id, pool.telemetry
     write_pool_metrics(pool.run.output, pool.results, episodes, run_id)
+    settings = pool.run.settings
+    title = (
+        f"{plural(len(episodes), 'episode')} on a pool of {settings.parallelism} sandboxes, "
+        f"runtime {settings.runtime}"
+    )
+    write_text(os.path.join(pool.run.output, "timeline.svg"), pool_timeline_svg(episodes, title))
     if telemetry.tracer is not None:
         telemetry.tracer.bounds.append(time.time())  # the root span ends as the pool closes
         finish_trace(telemetry.tracer, pool.run.output, pool.results, None, telemetry.quiet)

@@ -24,6 +24,17 @@ from .metrics import (
     statistic_series,
     write_metrics_text,
 )
+from .render import (
+    FAILED_FILL,
+    FAILED_MEANING,
+    LABEL_CHARS,
+    TIMELINE_MAX_ROWS,
+    TimelineKind,
+    timeline_axis,
+    timeline_head,
+    timeline_layout,
+    timeline_row,
+)
 from .telemetry import PhaseTable, RunTracer, episode_spans
 
 CLIENT_CLOCK = "client"
@@ -220,3 +231,51 @@ def trace_episode(tracer: RunTracer, record: Mapping[str, Any]) -> None:
     start = min((point.at for point in points.values()), default=None)
     if start is not None:
         tracer.add(episode_spans(tracer.trace_id, tracer.root_id, record, start, POOL_TABLE))
+
+
+# A pool's timeline: each episode's sandbox starting, the trainer waiting for it, and its use; the
+# blank between a sandbox's start and its claim is the sandbox warm, waiting to be claimed.
+POOL_TIMELINE = TimelineKind(
+    {
+        phase: POOL_PHASES[phase]
+        for phase in ("pod_start", "server_start", "claim_wait", "episode_work")
+    },
+    {
+        "pod_start": "#f4a259",
+        "server_start": "#e76f51",
+        "claim_wait": "#9e9e9e",
+        "episode_work": "#4f86c6",
+    },
+    (
+        ("placed below its precision", 'fill="url(#unsplit)"'),
+        (FAILED_MEANING.replace(" (or cancelled)", ""), FAILED_FILL.strip()),
+        ("gap: the sandbox warm, not yet claimed", 'fill="white" stroke="#999"'),
+    ),
+    "seconds after the pool's first pod was created (its whole second)",
+)
+
+
+def pool_row_label(record: Mapping[str, Any]) -> str:
+    """A row's name: its task (shortened to fit) and the episode's index."""
+    where = f" #{record['index']}"
+    task = str(record.get("task_id") or record.get("pod") or "")
+    room = LABEL_CHARS - len(where)
+    return (task if len(task) <= room else task[: room - 1] + "\u2026") + where
+
+
+def pool_timeline_svg(episodes: Sequence[dict], title: str) -> str:
+    """timeline.svg of a pool: a row per episode (the first TIMELINE_MAX_ROWS by index), its
+    phases as bars from the pool's first point, a failed one marked."""
+    shown = list(episodes[:TIMELINE_MAX_ROWS])
+    if len(episodes) > len(shown):
+        title += f" (the first {len(shown)} episodes of {len(episodes)})"
+    moments = [point.at for record in shown for point in record["points"].values()]
+    origin = float(int(min(moments, default=0.0)))
+    # The timeline marks an episode failed when its record names a failure class at all.
+    rows = [(origin, {k: v for k, v in r.items() if k != "failure_class" or v}) for r in shown]
+    layout = timeline_layout(rows, POOL_TIMELINE)
+    parts = timeline_head(layout, title) + timeline_axis(layout)
+    for row, (start, record) in enumerate(rows):
+        parts += timeline_row(layout, row, start, record, pool_row_label(record))
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

@@ -7,8 +7,10 @@ tests/real_cluster/test_real_cluster_traces.py. Real kubectl against the emulato
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import threading
+from xml.etree import ElementTree
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -171,6 +173,22 @@ def test_a_pools_trace_is_sent_as_each_episode_is_finished(cluster: Any, tmp_pat
     telemetry = load(output / "results.json")["telemetry"]
     assert telemetry["spans"] == len(spans) == telemetry["exported_spans"] == 1 + 3 * 5
     assert telemetry["not_exported_spans"] == 0
+    assert_pool_timeline(output, episodes)
+
+
+def assert_pool_timeline(output: Path, episodes: dict[str, Span]) -> None:
+    """timeline.svg: a row per episode named by its task and index, a bar per phase as long as
+    its span, the lost episode marked failed."""
+    svg = (output / "timeline.svg").read_text()
+    ElementTree.fromstring(svg)  # well-formed
+    assert "3 episodes on a pool of 2 sandboxes" in svg
+    for name, episode in episodes.items():
+        index = name.split()[1]
+        assert f">{episode.tags['episode.task']} #{index}</text>" in svg
+    work = re.findall(r"<title>([^<]+) episode_work: ([0-9.]+) s</title>", svg)
+    assert len(work) == 3
+    lost = episodes["episode 1"].tags["k8s.pod.name"]
+    assert f"{lost} failed (infrastructure)" in svg
 
 
 def test_a_pools_metrics_prom_passes_promtool_and_is_pushed_at_the_close(

@@ -190,3 +190,28 @@ def test_a_pools_metrics_prom() -> None:
             if row.startswith(f"# HELP rl_batch_demo_{family} ")
         ]
         assert len(helps) == 2 and helps[0] == helps[1], helps
+
+
+def test_a_pools_timeline_names_each_row_by_its_task_and_draws_its_phases() -> None:
+    lost = line(
+        1,
+        "pool-b",
+        1003.0,
+        1004.0,
+        task_id="a-task-id-far-too-long-for-the-margin",
+        valid=False,
+        failure_class="infrastructure",
+        failure="sandbox pool-b lost: deleted",
+    )
+    lines = [line(0, "pool-a", 1002.0, 1004.5), lost]
+    starts = [START, demo.sandbox_start("pool-b", CREATED, STARTED, 1002.0)]
+    svg = demo.pool_timeline_svg(demo.pool_episodes(lines, starts), "2 episodes")
+    assert ">task-0 #0</text>" in svg and ">a-task-id-far-too-long\u2026 #1</text>" in svg
+    assert "<title>pool-a server_start: 0.250 s</title>" in svg
+    assert "<title>pool-a episode_work: 2.500 s</title>" in svg
+    assert "pool-b failed (infrastructure): sandbox pool-b lost: deleted" in svg
+    assert "pool-a failed" not in svg  # an episode with no failure class is not marked
+    assert "seconds after the pool&#x27;s first pod was created" in svg
+    many = [line(i, f"pool-{i}", 1002.0, 1003.0) for i in range(250)]
+    svg = demo.pool_timeline_svg(demo.pool_episodes(many, []), "250 episodes")
+    assert "(the first 200 episodes of 250)" in svg and ">task-199 #199</text>" not in svg
