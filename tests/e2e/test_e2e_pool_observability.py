@@ -267,3 +267,32 @@ def test_a_pools_metrics_prom_passes_promtool_and_is_pushed_at_the_close(
     # The Pushgateway parsed it and serves it under the pool's group.
     assert f'rl_batch_demo_pool_size{{instance="",job="rl_batch_demo",{run}}} 2' in pushed
     assert 'phase="server_start"' in pushed
+
+
+def test_a_collector_gone_costs_a_pool_a_warning_never_its_episodes(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    gone = RecordingServer()
+    gone_url = gone.url  # bound, then closed: nothing listens there
+    gone.httpd.server_close()
+    output = tmp_path / "pool"
+    done = tool(
+        emulator,
+        kubectl,
+        "pool",
+        "--output",
+        str(output),
+        "--size",
+        "1",
+        "--episodes",
+        "2",
+        "--otlp-endpoint",
+        gone_url,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Episodes: 2, rewards 2.0, successful 2" in done.stdout
+    telemetry = load(output / "results.json")["telemetry"]
+    assert telemetry["exported_spans"] == 0 and telemetry["errors"][0].startswith("no answer")
+    assert telemetry["not_exported_spans"] == telemetry["spans"] == 1 + 2 * 5
+    assert f"Warning: traces: 11 of 11 spans not exported to {gone_url}/v1/traces" in done.stderr
