@@ -11875,6 +11875,7 @@ class PodView:
     warm_since: float | None = None  # this client's monotonic clock, when it answered
     claimed: bool = False
     ended_at: float | None = None  # this client's monotonic clock, when it finished or was lost
+    traced: int = 0  # its episodes whose spans were sent: the first carries its start
 
     @property
     def usable(self) -> bool:
@@ -17711,12 +17712,9 @@ def episode_line(
 def trace_finished(sandbox: Sandbox, line: dict, tracer: RunTracer) -> None:
     """A finished episode's spans sent at once: its sandbox's start as the watch and the probe
     saw it (the same stamps pods.json holds at the close), when it is the sandbox's first."""
-    pool, view = sandbox.pool, sandbox.view
-    with pool.records.lock:
-        first_use = not any(
-            other["sandbox"] == sandbox.pod and other["index"] < sandbox.index
-            for other in pool.records.rewards
-        )
+    view = sandbox.view
+    first_use = view.traced == 0  # a sandbox serves one claim at a time: no other finishes now
+    view.traced += 1
     trace_episode(tracer, pool_episode(line, watched_start(view), first_use, view.node or None))
 
 

@@ -71,8 +71,10 @@ def otlp_span(span: dict) -> Span:
 
 
 def us(text: str) -> int:
-    """A time of a pool's episodes.csv (a float as Python writes it) in whole microseconds."""
-    return round(float(text) * 1e6)
+    """A time of a pool's episodes.csv (a float as Python writes it; the server's clock gives
+    more than six decimals) to the microsecond, as `%.6f` rounds it: a float times 1e6 can
+    miss by one at today's times."""
+    return int(f"{float(text):.6f}".replace(".", ""))
 
 
 def row_points(row: dict, first_use: bool) -> dict[str, int]:
@@ -82,9 +84,7 @@ def row_points(row: dict, first_use: bool) -> dict[str, int]:
     if first_use:
         names = ("pod_created", "container_started", "server_ready", *names)
     points = {name: us(row[f"{name}_at"]) for name in names if row[f"{name}_at"]}
-    points["claim_asked"] = round(
-        (float(row["claimed_at"]) - float(row["claim_wait_seconds"])) * 1e6
-    )
+    points["claim_asked"] = us(row["claimed_at"]) - us(row["claim_wait_seconds"])
     return points
 
 
@@ -127,7 +127,8 @@ def assert_pool_trace(spans: Sequence[Span], output: Path) -> dict[str, Span]:
         assert set(phases) == set(drawn), name
         for phase, (first, last) in drawn.items():
             began, ended = points[first], points[last]
-            assert (phases[phase].start_us, phases[phase].end_us) == (began, max(began, ended))
+            got = (phases[phase].start_us, phases[phase].end_us)
+            assert got == (began, max(began, ended)), (name, phase, row)
     return episodes
 
 
