@@ -9691,7 +9691,7 @@ def pool_points(line: Mapping[str, Any], start: Mapping[str, Any], first_use: bo
     if line.get("claimed_at") is not None and line.get("claim_wait_seconds") is not None:
         asked = round(line["claimed_at"] - line["claim_wait_seconds"], 6)
         points[CLAIM_ASKED] = Point(
-            asked, 0.0, "the client's clock, claimed less its wait", "client"
+            asked, 0.0, "the client's clock, claimed less its wait", CLIENT_CLOCK
         )
     return points
 
