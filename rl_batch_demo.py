@@ -36,6 +36,7 @@ shipped single file holds them in this order, each part opening with its source 
     render: SVG pictures, tables, the comparison.
     metrics: metrics.prom, the run's figures as OpenMetrics text; the push to a Pushgateway.
     telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
+    pooltelemetry: a pool's episodes as points and phases, for its metrics.prom and its trace.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
     kube: the one edge to the cluster: `Kubectl`, `ApiProxy` (shared by a process's runs), paged reads.
     proxied: requests in kubectl's stead: a trainer's steps through one `kubectl proxy` kept for the process.
@@ -7909,6 +7910,16 @@ def timeline_episodes(batches: Sequence[tuple[str, BatchSummary]]) -> list[tuple
     ]
 
 
+class TimelineKind(NamedTuple):
+    """What a timeline's bars are: its phases (each from one point to another) in the order drawn,
+    their colours, the legend's other entries (a meaning and its fill), and what its axis counts."""
+
+    phases: Mapping[str, tuple[str, str]]
+    colours: Mapping[str, str]
+    legend: Sequence[tuple[str, str]]
+    axis: str
+
+
 class TimelineLayout(NamedTuple):
     """Where the timeline's parts go: its size, its rows, its plot and its time axis."""
 
@@ -7923,6 +7934,7 @@ class TimelineLayout(NamedTuple):
     legend: list[str]  # the legend's parts
     step: float  # seconds between ticks
     axis_end: float  # seconds at the axis' right end
+    kind: TimelineKind  # a run's episodes, or a pool's
 
     def x(self, seconds: float) -> float:
         """Where a moment `seconds` after the axis' start is drawn."""
@@ -7933,15 +7945,18 @@ class TimelineLayout(NamedTuple):
         return self.top + self.row_height * self.rows + 6
 
 
-def timeline_layout(episodes: Sequence[tuple[float, dict]]) -> TimelineLayout:
+def timeline_layout(
+    episodes: Sequence[tuple[float, dict]], kind: TimelineKind | None = None
+) -> TimelineLayout:
     """The timeline's layout: rows as tall as its count allows, named where they are tall enough,
-    and an axis to the latest point any episode reached."""
+    and an axis to the latest point any episode reached; `kind` a run's unless given."""
+    kind = kind or RUN_TIMELINE
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
     left = 170 if labels else 60
     width, right = 1000, 30
-    legend, legend_last_row = timeline_legend(left, width - right)
+    legend, legend_last_row = timeline_legend(left, width - right, kind)
     top = legend_last_row + 38
     span = max(
         [
@@ -7965,6 +7980,7 @@ def timeline_layout(episodes: Sequence[tuple[float, dict]]) -> TimelineLayout:
         legend,
         step,
         math.ceil(span / step) * step,
+        kind,
     )
 
 
@@ -8002,7 +8018,7 @@ def timeline_axis(layout: TimelineLayout) -> list[str]:
     )
     parts.append(
         f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
-        f"{html_escape(TIME_AXIS)}</text>"
+        f"{html_escape(layout.kind.axis)}</text>"
     )
     return parts
 
@@ -8056,7 +8072,7 @@ def timeline_row(
     def at(moment: float) -> float:
         return layout.x(moment - origin)
 
-    parts += timeline_bars(record, at, y, layout.row_height)
+    parts += timeline_bars(record, at, y, layout.row_height, layout.kind)
     parts += unrewarded_bar(record, at, y, layout.row_height)
     if failed:
         parts.append(failed_marker(record, at, layout.left, y, layout.row_height))
@@ -8070,6 +8086,18 @@ GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not meas
 FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 UNREWARDED_MEANING = "ran, no reward (hung to its deadline, or crashed)"
+
+RUN_TIMELINE = TimelineKind(
+    PHASES,
+    PHASE_COLOURS,
+    (
+        ("split below its precision", 'fill="url(#unsplit)"'),
+        (UNREWARDED_MEANING, 'fill="url(#unrewarded)"'),
+        (FAILED_MEANING, FAILED_FILL.strip()),
+        (GAP_MEANING, 'fill="white" stroke="#999"'),
+    ),
+    TIME_AXIS,
+)
 
 # The points an episode passes before its reward, in order: where its running time starts.
 BEFORE_REWARD = (
@@ -8124,15 +8152,12 @@ def failed_marker(
     )
 
 
-def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
+def timeline_legend(left: int, right_edge: int, kind: TimelineKind) -> tuple[list[str], int]:
     """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
     legend = [
-        (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()
+        (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in kind.colours.items()
     ]
-    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
-    legend.append((UNREWARDED_MEANING, 'fill="url(#unrewarded)"'))
-    legend.append((FAILED_MEANING, FAILED_FILL.strip()))
-    legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
+    legend += kind.legend
     parts, legend_x, legend_y = [], left, 32
     for name, fill in legend:
         item_width = 16 + 7 * len(name) + 14
@@ -8144,7 +8169,9 @@ def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
     return parts, legend_y
 
 
-def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height: int) -> list[str]:
+def timeline_bars(
+    record: dict, x: Callable[[float], float], y: int, row_height: int, kind: TimelineKind
+) -> list[str]:
     """One episode's row of phase bars; `x` places an absolute moment on the axis."""
     points = record["points"]
     # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
@@ -8154,8 +8181,8 @@ def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height:
     # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
     cursor: float | None = None
     unsplit: list[str] = []
-    for phase, colour in PHASE_COLOURS.items():
-        start, end = PHASES[phase]
+    for phase, colour in kind.colours.items():
+        start, end = kind.phases[phase]
         if points.get(start) is None or points.get(end) is None:
             cursor, unsplit = None, []
             continue
@@ -8943,11 +8970,8 @@ def figure_gauges(figures: Mapping[str, Any], run: Mapping[str, str]) -> list[st
     return lines
 
 
-def metrics_text(
-    figures: Mapping[str, Any], batches: Sequence[tuple[str, BatchSummary]], run_id: str
-) -> str:
-    """metrics.prom from what results.json is made of: its figures and its measured batches."""
-    run = {"run_id": run_id}
+def info_series(figures: Mapping[str, Any], run: Mapping[str, str]) -> list[str]:
+    """The run's info series: what it ran, where, and with which version of the tool."""
     info = {
         **run,
         "image": figures.get("image") or "",
@@ -8956,48 +8980,76 @@ def metrics_text(
         "context": figures.get("context") or "",
         "version": __version__,
     }
-    lines = family(
+    return family(
         f"{PREFIX}_run_info",
         "gauge",
         "The run: its id, image, runtime class, namespace, context and the tool's version.",
         [labelled(f"{PREFIX}_run_info", info, 1)],
     )
-    classes = episode_classes(batches)
-    lines += family(
+
+
+def class_series(classes: Mapping[str, int], run: Mapping[str, str]) -> list[str]:
+    return family(
         f"{PREFIX}_episodes",
         "gauge",
         "Episodes of the run by class (rewards.jsonl's failure_class; ok for none).",
         [labelled(f"{PREFIX}_episodes", {**run, "class": k}, n) for k, n in classes.items()],
     )
-    phase_lines = [
+
+
+def phase_series(values: Mapping[str, Sequence[float]], run: Mapping[str, str]) -> list[str]:
+    """One histogram per phase, under one family (whose help a Pushgateway holds the same for
+    every group pushed to it: a run's and a pool's say the same)."""
+    lines = [
         line
-        for phase, values in phase_values(batches).items()
-        for line in histogram(f"{PREFIX}_phase_seconds", {**run, "phase": phase}, values)
+        for phase, seconds in values.items()
+        for line in histogram(f"{PREFIX}_phase_seconds", {**run, "phase": phase}, seconds)
     ]
-    lines += family(
+    return family(
         f"{PREFIX}_phase_seconds",
         "histogram",
         "Each episode's phases (docs/measurement.md), seconds, from their sharpest points.",
-        phase_lines,
+        lines,
     )
-    lines += family(
-        f"{PREFIX}_pod_to_ready_seconds",
-        "gauge",
-        "Pod created to episode ready: results.json's pod_to_ready_<statistic>_seconds, the "
-        "guide's figure (a rollout's failed episodes counted at the deadline).",
-        [
-            labelled(f"{PREFIX}_pod_to_ready_seconds", {**run, "statistic": key}, figures[name])
-            for key in ("p50", "p95", "max")
-            if figures.get(name := f"pod_to_ready_{key}_seconds") is not None
-        ],
-    )
-    rewards = [row["reward"] for row in figures.get("pods") or () if row.get("reward") is not None]
-    lines += family(
+
+
+def statistic_series(
+    name: str, help_text: str, statistics: Mapping[str, Any], run: Mapping[str, str]
+) -> list[str]:
+    """A gauge per statistic of one figure (p50, p95, max...) that has a value."""
+    samples = [
+        labelled(f"{PREFIX}_{name}", {**run, "statistic": key}, value)
+        for key, value in statistics.items()
+        if value is not None
+    ]
+    return family(f"{PREFIX}_{name}", "gauge", help_text, samples)
+
+
+def reward_series(rewards: Sequence[float], run: Mapping[str, str]) -> list[str]:
+    return family(
         f"{PREFIX}_reward",
         "summary",
         "The rewards of the run's episodes that produced one.",
         summary_lines(f"{PREFIX}_reward", run, rewards),
     )
+
+
+def metrics_text(
+    figures: Mapping[str, Any], batches: Sequence[tuple[str, BatchSummary]], run_id: str
+) -> str:
+    """metrics.prom from what results.json is made of: its figures and its measured batches."""
+    run = {"run_id": run_id}
+    lines = info_series(figures, run) + class_series(episode_classes(batches), run)
+    lines += phase_series(phase_values(batches), run)
+    lines += statistic_series(
+        "pod_to_ready_seconds",
+        "Pod created to episode ready: results.json's pod_to_ready_<statistic>_seconds, the "
+        "guide's figure (a rollout's failed episodes counted at the deadline).",
+        {key: figures.get(f"pod_to_ready_{key}_seconds") for key in ("p50", "p95", "max")},
+        run,
+    )
+    rewards = [row["reward"] for row in figures.get("pods") or () if row.get("reward") is not None]
+    lines += reward_series(rewards, run)
     lines += figure_gauges(figures, run)
     return "\n".join([*lines, "# EOF", ""])
 
@@ -9060,7 +9112,12 @@ def write_metrics(
 ) -> None:
     """metrics.prom in the run's directory, beside results.json and made of the same; left as it
     is when it says that already (`report` of a run that wrote it)."""
-    path, text = os.path.join(output, METRICS_FILE), metrics_text(figures, batches, run_id)
+    write_metrics_text(output, metrics_text(figures, batches, run_id))
+
+
+def write_metrics_text(output: str, text: str) -> None:
+    """metrics.prom written, unless it holds `text` already."""
+    path = os.path.join(output, METRICS_FILE)
     if not os.path.exists(path) or read_text(path) != text:
         write_text(path, text)
 
@@ -9202,17 +9259,35 @@ def point_attributes(points: Mapping[str, Any], names: Iterable[str]) -> dict[st
     return pairs
 
 
-def known_points(points: Mapping[str, Any]) -> list[float]:
-    return [points[name][0] for name in POINTS if points.get(name) is not None]
+def known_points(points: Mapping[str, Any], names: Sequence[str] = POINTS) -> list[float]:
+    return [points[name][0] for name in names if points.get(name) is not None]
+
+
+class PhaseTable(NamedTuple):
+    """What an episode's spans are made of: its points in order, its phases (each from one point
+    to another), and the phases that are sums of others (the episode's own span covers them)."""
+
+    points: Sequence[str]
+    phases: Mapping[str, tuple[str, str]]
+    summed: Sequence[str]
+
+
+RUN_PHASES = PhaseTable(POINTS, PHASES, SUMMED_PHASES)
 
 
 def episode_spans(
-    trace_id: str, parent: str, record: Mapping[str, Any], batch_start: float
+    trace_id: str,
+    parent: str,
+    record: Mapping[str, Any],
+    batch_start: float,
+    table: PhaseTable | None = None,
 ) -> list[dict]:
     """An episode's span and its phases' spans; a failed episode's span is an error with its
-    failure (one whose pod never existed has no points: a moment at its batch's start)."""
+    failure (one whose pod never existed has no points: a moment at its batch's start). `table`:
+    the points and phases of another kind of episode (a pool's), else a run's."""
+    table = table or RUN_PHASES
     points = record.get("points") or {}
-    times = known_points(points)
+    times = known_points(points, table.points)
     start, end = (min(times), max(times)) if times else (batch_start, batch_start)
     failure = record.get("failure")
     pairs = {
@@ -9224,7 +9299,7 @@ def episode_spans(
         "episode.class": record.get("failure_class") or "ok",
         "episode.valid": record.get("valid") is not False,
         "episode.reward": None if record.get("reward") is None else float(record["reward"]),
-        **point_attributes(points, POINTS),
+        **point_attributes(points, table.points),
     }
     if failure is not None:
         pairs["error.type"] = record.get("failure_class") or "failure"
@@ -9233,9 +9308,9 @@ def episode_spans(
     )
     episode = span(trace_id, parent, name, start, end, pairs, failure)
     spans = [episode]
-    for phase, (first, last) in PHASES.items():
+    for phase, (first, last) in table.phases.items():
         measured = (record.get("phases") or {}).get(phase)
-        if phase in SUMMED_PHASES or measured is None:
+        if phase in table.summed or measured is None:
             continue
         if points.get(first) is None or points.get(last) is None:
             continue
@@ -9455,20 +9530,30 @@ class RunTracer:
     the run's root span at the end."""
 
     def __init__(
-        self, config: OtlpConfig, run_id: str, exporter: SpanExporter | None = None
+        self,
+        config: OtlpConfig,
+        run_id: str,
+        exporter: SpanExporter | None = None,
+        kind: str = "run",
     ) -> None:
         self.trace_id = new_id(16)
         self.root_id = new_id(8)
         self.run_id = run_id
+        self.kind = kind  # the root span's name: "run <id>", or "pool <id>"
         self.exporter = exporter or SpanExporter(config)
         self.bounds: list[float] = []
+        self.adding = threading.Lock()  # a pool's episodes end on many trainer threads
 
     def batch_done(self, job: str, summary: BatchSummary, measured: bool = True) -> None:
-        spans = batch_spans(self.trace_id, self.root_id, job, summary, measured)
-        self.bounds += [
-            int(spans[0][key]) / 1e9 for key in ("startTimeUnixNano", "endTimeUnixNano")
-        ]
-        self.exporter.submit(spans)
+        self.add(batch_spans(self.trace_id, self.root_id, job, summary, measured))
+
+    def add(self, spans: list[dict]) -> None:
+        """Spans under the root sent now; the first's start and end widen the root's."""
+        with self.adding:
+            self.bounds += [
+                int(spans[0][key]) / 1e9 for key in ("startTimeUnixNano", "endTimeUnixNano")
+            ]
+            self.exporter.submit(spans)
 
     def finish(self, figures: Mapping[str, Any] | None, failure: str | None = None) -> dict:
         """The root span sent, the exporter closed: what was exported, for results.json."""
@@ -9478,7 +9563,7 @@ class RunTracer:
         root = span(
             self.trace_id,
             None,
-            f"run {self.run_id}",
+            f"{self.kind} {self.run_id}",
             start,
             end,
             {
@@ -9492,18 +9577,20 @@ class RunTracer:
             failure,
         )
         root["spanId"] = self.root_id
-        self.exporter.submit([root])
+        with self.adding:
+            self.exporter.submit([root])
         saved = self.exporter.close().saved()
         saved["trace_id"] = self.trace_id
         return saved
 
 
 def open_tracer(
-    endpoint: str | None, run_id: str, environ: Mapping[str, str] = os.environ
+    endpoint: str | None, run_id: str, environ: Mapping[str, str] = os.environ, kind: str = "run"
 ) -> RunTracer | None:
-    """The run's tracer when an endpoint is set (flag or environment), else None."""
+    """The run's tracer when an endpoint is set (flag or environment), else None; `kind` names
+    its root span ("pool" for a pool's)."""
     config = otlp_config(endpoint, environ)
-    return None if config is None else RunTracer(config, run_id)
+    return None if config is None else RunTracer(config, run_id, kind=kind)
 
 
 def say_export(saved: Mapping[str, Any], quiet: bool = False) -> None:
@@ -9549,6 +9636,253 @@ def finish_trace(
     path = os.path.join(output, RESULTS_FILE)
     if os.path.exists(path):
         write_json(path, dict(read_json(path, RESULTS_FILE), telemetry=saved))
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/pooltelemetry.py: A pool's episodes as points and phases, for its metrics.prom and its trace.
+
+CLIENT_CLOCK = "client"
+SERVER_CLOCK = "sandbox server"
+# A pool's episodes.csv: each episode's sandbox start and its own claim, each point as an absolute
+# time with its precision and source, and the phases between them with theirs.
+POOL_POINTS = (
+    ("pod_created", WHOLE_SECOND, "the pod's creationTimestamp"),
+    ("container_started", WHOLE_SECOND, "the kubelet's container status"),
+    ("server_ready", 0.0, "the sandbox server's clock"),
+    ("claimed", 0.0, "the client's clock"),
+    ("finished", 0.0, "the client's clock"),
+)
+POINT_CLOCKS = {
+    "pod_created": REFERENCE_CLOCK,
+    "container_started": REFERENCE_CLOCK,
+    "server_ready": SERVER_CLOCK,
+}
+# The points a sandbox's start gives the first episode it serves.
+SANDBOX_POINTS = ("pod_created", "container_started", "server_ready")
+# Where the trainer asked for a sandbox: `claimed` less the claim's wait (episodes.csv's
+# claim_wait_seconds), on the client's clock.
+CLAIM_ASKED = "claim_asked"
+POOL_PHASES = {
+    "pod_start": ("pod_created", "container_started"),
+    "server_start": ("container_started", "server_ready"),
+    "pod_to_ready": ("pod_created", "server_ready"),
+    "claim_wait": (CLAIM_ASKED, "claimed"),
+    "episode_work": ("claimed", "finished"),
+}
+POOL_TABLE = PhaseTable(
+    (*SANDBOX_POINTS, CLAIM_ASKED, "claimed", "finished"), POOL_PHASES, ("pod_to_ready",)
+)
+
+
+class PoolTelemetry(NamedTuple):
+    """Where a pool's telemetry goes: its trace (--otlp-endpoint or the OTEL_* variables), its
+    metrics.prom pushed at the close (--pushgateway), and whether to say where the spans went."""
+
+    tracer: RunTracer | None = None
+    pushgateway: str | None = None
+    quiet: bool = True
+
+
+def sandbox_start(
+    pod: str, created: float | None, started: float | None, ready: float | None
+) -> dict:
+    """results.json's record of one sandbox's start: its points, and between the container's
+    start and the server listening `server_start`, as precise as the coarser point."""
+    return {
+        "pod": pod,
+        "pod_created_at": created,
+        "container_started_at": started,
+        "container_started_precision_seconds": WHOLE_SECOND,
+        "server_ready_at": ready,
+        "server_ready_source": "the sandbox server's clock",
+        "server_start_seconds": round(ready - started, 6) if ready and started else None,
+        "server_start_precision_seconds": WHOLE_SECOND,
+    }
+
+
+def pool_points(line: Mapping[str, Any], start: Mapping[str, Any], first_use: bool) -> dict:
+    """An episode's points from its rewards.jsonl line and its sandbox's start (sandbox_points'
+    record), each a Point at the time episodes.csv writes; the sandbox's only on its first use."""
+    at = {
+        "pod_created": start.get("pod_created_at"),
+        "container_started": start.get("container_started_at"),
+        "server_ready": start.get("server_ready_at"),
+        "claimed": line.get("claimed_at"),
+        "finished": line.get("finished_at"),
+    }
+    points = {}
+    for name, precision, source in POOL_POINTS:
+        moment = at[name]
+        if moment is not None and (first_use or name not in SANDBOX_POINTS):
+            points[name] = Point(moment, precision, source, POINT_CLOCKS.get(name, CLIENT_CLOCK))
+    if line.get("claimed_at") is not None and line.get("claim_wait_seconds") is not None:
+        asked = round(line["claimed_at"] - line["claim_wait_seconds"], 6)
+        points[CLAIM_ASKED] = Point(
+            asked, 0.0, "the client's clock, claimed less its wait", CLIENT_CLOCK
+        )
+    return points
+
+
+def pool_phases(points: Mapping[str, Point]) -> dict[str, tuple[float, float]]:
+    """Each phase with both its points: its seconds (0 for an end placed before its start, as
+    two points closer than their precisions may be) and its precision (the coarser point's)."""
+    phases = {}
+    for phase, (first, last) in POOL_PHASES.items():
+        if first in points and last in points:
+            seconds = max(0.0, points[last].at - points[first].at)
+            precision = max(points[first].precision, points[last].precision)
+            phases[phase] = (round(seconds, 6), precision)
+    return phases
+
+
+def pool_episode(
+    line: Mapping[str, Any], start: Mapping[str, Any], first_use: bool, node: str | None = None
+) -> dict:
+    """One episode of a pool as a run's episode record reads: what its span and metrics need."""
+    points = pool_points(line, start, first_use)
+    return {
+        "index": line.get("index"),
+        "task_id": line.get("task_id"),
+        "image": line.get("image"),
+        "node": node,
+        "pod": line.get("sandbox"),
+        "failure_class": line.get("failure_class"),
+        "failure": line.get("failure"),
+        "valid": line.get("valid"),
+        "reward": line.get("reward"),
+        "points": points,
+        "phases": pool_phases(points),
+    }
+
+
+def first_uses(lines: Iterable[Mapping[str, Any]]) -> set[int]:
+    """The index of each sandbox's first episode: a sandbox serves one claim at a time, and
+    claims are numbered as they are given."""
+    first: dict[str, int] = {}
+    for line in lines:
+        sandbox, index = line["sandbox"], line["index"]
+        first[sandbox] = min(index, first.get(sandbox, index))
+    return set(first.values())
+
+
+def pool_episodes(
+    lines: Sequence[Mapping[str, Any]], starts: Sequence[Mapping[str, Any]]
+) -> list[dict]:
+    """Every episode of a pool, in index order, from rewards.jsonl's lines and the sandboxes'
+    starts."""
+    by_pod = {start["pod"]: start for start in starts}
+    firsts = first_uses(lines)
+    return [
+        pool_episode(line, by_pod.get(line["sandbox"]) or {}, line["index"] in firsts)
+        for line in sorted(lines, key=lambda line: line["index"])
+    ]
+
+
+def pod_to_ready(starts: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Each sandbox's pod created to its server listening, seconds."""
+    return [
+        round(start["server_ready_at"] - start["pod_created_at"], 6)
+        for start in starts
+        if start.get("server_ready_at") is not None and start.get("pod_created_at") is not None
+    ]
+
+
+def pool_metrics_text(figures: Mapping[str, Any], episodes: Sequence[dict], run_id: str) -> str:
+    """A pool's metrics.prom, from its results.json and its episodes (pool_episodes)."""
+    run = {"run_id": run_id}
+    classes = dict.fromkeys(EPISODE_CLASSES, 0)
+    for record in episodes:
+        kind = record.get("failure_class") or "ok"
+        classes[kind] = classes.get(kind, 0) + 1
+    phases: dict[str, list[float]] = {phase: [] for phase in POOL_PHASES}
+    for record in episodes:
+        for phase, (seconds, _precision) in record["phases"].items():
+            phases[phase].append(seconds)
+    block = figures.get("pool") or {}
+    lines = info_series(figures, run) + class_series(classes, run) + phase_series(phases, run)
+    for name, help_text in (
+        ("pod_to_ready_seconds", "A sandbox's pod created to its server listening."),
+        ("claim_wait_seconds", "A claim asked to a sandbox given, as the trainer waited."),
+        ("round_trip_seconds", "A command's round trip, as the client timed it."),
+    ):
+        given = block.get(name) or {}
+        statistics = {k: v for k, v in given.items() if k == "max" or k[1:].isdigit()}
+        lines += statistic_series(
+            f"pool_{name}", f"{help_text} results.json's pool.{name}.", statistics, run
+        )
+    for name, help_text in (
+        ("size", "The pool's size: its sandboxes at once."),
+        ("commands_per_second", "Commands answered per second of the pool's use."),
+    ):
+        if block.get(name) is not None:
+            metric = f"{PREFIX}_pool_{name}"
+            lines += family(metric, "gauge", help_text, [labelled(metric, run, block[name])])
+    rewards = [r["reward"] for r in episodes if r.get("valid") and r.get("reward") is not None]
+    lines += reward_series(rewards, run)
+    return "\n".join([*lines, "# EOF", ""])
+
+
+def write_pool_metrics(
+    output: str, figures: Mapping[str, Any], episodes: Sequence[dict], run_id: str
+) -> None:
+    """metrics.prom in the pool's directory, beside its results.json."""
+    write_metrics_text(output, pool_metrics_text(figures, episodes, run_id))
+
+
+def trace_episode(tracer: RunTracer, record: Mapping[str, Any]) -> None:
+    """An episode's span and its phases' spans sent now, under the pool's root span."""
+    points = record["points"]
+    start = min((point.at for point in points.values()), default=None)
+    if start is not None:
+        tracer.add(episode_spans(tracer.trace_id, tracer.root_id, record, start, POOL_TABLE))
+
+
+# A pool's timeline: each episode's sandbox starting, the trainer waiting for it, and its use; the
+# blank between a sandbox's start and its claim is the sandbox warm, waiting to be claimed.
+POOL_TIMELINE = TimelineKind(
+    {
+        phase: POOL_PHASES[phase]
+        for phase in ("pod_start", "server_start", "claim_wait", "episode_work")
+    },
+    {
+        "pod_start": "#f4a259",
+        "server_start": "#e76f51",
+        "claim_wait": "#9e9e9e",
+        "episode_work": "#4f86c6",
+    },
+    (
+        ("placed below its precision", 'fill="url(#unsplit)"'),
+        (FAILED_MEANING.replace(" (or cancelled)", ""), FAILED_FILL.strip()),
+        ("gap: the sandbox warm, not yet claimed", 'fill="white" stroke="#999"'),
+    ),
+    "seconds after the pool's first pod was created (its whole second)",
+)
+
+
+def pool_row_label(record: Mapping[str, Any]) -> str:
+    """A row's name: its task (shortened to fit) and the episode's index."""
+    where = f" #{record['index']}"
+    task = str(record.get("task_id") or record.get("pod") or "")
+    room = LABEL_CHARS - len(where)
+    return (task if len(task) <= room else task[: room - 1] + "\u2026") + where
+
+
+def pool_timeline_svg(episodes: Sequence[dict], title: str) -> str:
+    """timeline.svg of a pool: a row per episode (the first TIMELINE_MAX_ROWS by index), its
+    phases as bars from the pool's first point, a failed one marked."""
+    shown = list(episodes[:TIMELINE_MAX_ROWS])
+    if len(episodes) > len(shown):
+        title += f" (the first {len(shown)} episodes of {len(episodes)})"
+    moments = [point.at for record in shown for point in record["points"].values()]
+    origin = float(int(min(moments, default=0.0)))
+    # The timeline marks an episode failed when its record names a failure class at all.
+    rows = [(origin, {k: v for k, v in r.items() if k != "failure_class" or v}) for r in shown]
+    layout = timeline_layout(rows, POOL_TIMELINE)
+    parts = timeline_head(layout, title) + timeline_axis(layout)
+    for row, (start, record) in enumerate(rows):
+        parts += timeline_row(layout, row, start, record, pool_row_label(record))
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
 
 
 # --------------------------------------------------------------------------
@@ -11564,10 +11898,12 @@ class PodView:
     reason: str = ""  # why it is not (or no longer) usable, in the cluster's words
     deleted: bool = False
     probing: bool = False
+    started_at: float | None = None  # its container started: the kubelet's status, whole seconds
     ready_at: float | None = None  # its server began to listen, its own clock
     warm_since: float | None = None  # this client's monotonic clock, when it answered
     claimed: bool = False
     ended_at: float | None = None  # this client's monotonic clock, when it finished or was lost
+    traced: int = 0  # its episodes whose spans were sent: the first carries its start
 
     @property
     def usable(self) -> bool:
@@ -11585,6 +11921,17 @@ def pod_view_update(view: PodView, pod: dict, deleted: bool) -> None:
         view.deleted or deleted or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
     )
     view.reason = pod_reason(pod, view.deleted)
+    view.started_at = container_started(pod) or view.started_at
+
+
+def container_started(pod: dict) -> float | None:
+    """When the pod's container started, as the kubelet's status says (running or ended)."""
+    started = None
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = status.get("state") or {}
+        stamp = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+        started = parse_time(stamp) if stamp else started
+    return started
 
 
 def pod_reason(pod: dict, deleted: bool) -> str:
@@ -17130,6 +17477,7 @@ class Pool:
         self.results: dict = {}  # results.json with `rewards`, once closed
         self.cleanup = False  # delete the namespace once the records are saved
         self.stopped = threading.Event()  # set once the pool closes: its keep-alive ends
+        self.telemetry = PoolTelemetry()  # its traces and pushed metrics, once it is open
 
     # -- the trainer's side ------------------------------------------------------------------
 
@@ -17351,9 +17699,10 @@ class Sandbox:
             with self.pool.state.condition:
                 self.pool.claimed -= 1  # a lost episode is served again on a fresh sandbox
             release_lost(self)
-        self.pool.records.reward(
-            episode_line(self, reward, valid and self.lost is None, info, failure_class)
-        )
+        line = episode_line(self, reward, valid and self.lost is None, info, failure_class)
+        self.pool.records.reward(line)
+        if self.pool.telemetry.tracer is not None:
+            trace_finished(self, line, self.pool.telemetry.tracer)
 
     def _ask(
         self,
@@ -17415,6 +17764,15 @@ def episode_line(
         "claimed_at": rounded(sandbox.claimed_at, 6),
         "finished_at": rounded(time.time(), 6),
     }
+
+
+def trace_finished(sandbox: Sandbox, line: dict, tracer: RunTracer) -> None:
+    """A finished episode's spans sent at once: its sandbox's start as the watch and the probe
+    saw it (the same stamps pods.json holds at the close), when it is the sandbox's first."""
+    view = sandbox.view
+    first_use = view.traced == 0  # a sandbox serves one claim at a time: no other finishes now
+    view.traced += 1
+    trace_episode(tracer, pool_episode(line, watched_start(view), first_use, view.node or None))
 
 
 def command_body(
@@ -17592,8 +17950,28 @@ def close_pool(pool: Pool, interrupted: bool = False) -> dict:
         pool_episodes_csv(pool.records.rewards, points),
     )
     write_json(os.path.join(pool.run.output, RESULTS_FILE), pool.results)
+    pool_telemetry(pool, pool_episodes(pool.records.rewards, points))
     pool.results["rewards"] = list(pool.records.rewards)
     return pool.results
+
+
+def pool_telemetry(pool: Pool, episodes: list[dict]) -> None:
+    """metrics.prom and timeline.svg beside results.json; with --otlp-endpoint the pool's root
+    span sent and `telemetry` recorded; with --pushgateway metrics.prom pushed. A failure to send
+    or push is a warning."""
+    run_id, telemetry = pool.run.receipt.run_id, pool.telemetry
+    write_pool_metrics(pool.run.output, pool.results, episodes, run_id)
+    settings = pool.run.settings
+    title = (
+        f"{plural(len(episodes), 'episode')} on a pool of {settings.parallelism} sandboxes, "
+        f"runtime {settings.runtime}"
+    )
+    write_text(os.path.join(pool.run.output, "timeline.svg"), pool_timeline_svg(episodes, title))
+    if telemetry.tracer is not None:
+        telemetry.tracer.bounds.append(time.time())  # the root span ends as the pool closes
+        finish_trace(telemetry.tracer, pool.run.output, pool.results, None, telemetry.quiet)
+    if telemetry.pushgateway:
+        push_saved_metrics(pool.run.output, telemetry.pushgateway, run_id)
 
 
 def file_query(path: str) -> str:
@@ -17712,15 +18090,6 @@ def pod_log(pool: Pool, name: str) -> str:
     return answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
 
 
-# A pool's episodes.csv: each episode's sandbox start and its own claim, each point as an absolute
-# time with its precision and source, and the phases between them with theirs.
-POOL_POINTS = (
-    ("pod_created", WHOLE_SECOND, "the pod's creationTimestamp"),
-    ("container_started", WHOLE_SECOND, "the kubelet's container status"),
-    ("server_ready", 0.0, "the sandbox server's clock"),
-    ("claimed", 0.0, "the client's clock"),
-    ("finished", 0.0, "the client's clock"),
-)
 POOL_EPISODE_COLUMNS = (
     ["index", "sandbox", "image", "reward", "warm", "commands", "command_seconds"]
     + [f"{name}_at" for name, _, _ in POOL_POINTS]
@@ -17770,34 +18139,27 @@ def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, f
 
 
 def sandbox_points(pool: Pool, pods: list[dict]) -> list[dict]:
-    """Each sandbox's start: its container started (the kubelet's status, whole seconds) and its
-    server listening (`server_ready`, the server's own clock), and between them `server_start`,
-    as precise as the coarser point."""
+    """Each sandbox's start: its pod created and its container started (the pod's stamps, whole
+    seconds, as pods.json holds them, or as the watch last saw a pod gone before the close) and
+    its server listening (`server_ready`, the server's own clock)."""
     points = []
     for pod in pods:
         name = pod["metadata"]["name"]
         view = pool.state.pods.get(name)
-        started = None
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            state = status.get("state") or {}
-            stamp = (state.get("running") or state.get("terminated") or {}).get("startedAt")
-            started = parse_time(stamp) if stamp else started
-        ready = view.ready_at if view is not None else None
         stamp = (pod.get("metadata") or {}).get("creationTimestamp")
         created = parse_time(stamp) if stamp else None
-        points.append(
-            {
-                "pod": name,
-                "pod_created_at": created,
-                "container_started_at": started,
-                "container_started_precision_seconds": WHOLE_SECOND,
-                "server_ready_at": ready,
-                "server_ready_source": "the sandbox server's clock",
-                "server_start_seconds": rounded(ready - started, 6) if ready and started else None,
-                "server_start_precision_seconds": WHOLE_SECOND,
-            }
-        )
-    return points
+        ready = view.ready_at if view is not None else None
+        points.append(sandbox_start(name, created, container_started(pod), ready))
+    listed = {point["pod"] for point in points}
+    with pool.state.condition:
+        gone = [view for name, view in pool.state.pods.items() if name not in listed]
+    return points + [watched_start(view) for view in gone]
+
+
+def watched_start(view: PodView) -> dict:
+    """A sandbox's start as the watch and its probe saw it."""
+    created = parse_time(view.created) if view.created else None
+    return sandbox_start(view.name, created, view.started_at, view.ready_at)
 
 
 def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
@@ -17844,6 +18206,10 @@ def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
                         (0.5, 0.95),
                     ).items()
                 },
+                "precision_seconds": WHOLE_SECOND,
+            },
+            "pod_to_ready_seconds": {
+                **distribution(pod_to_ready(sandboxes), (0.5, 0.95)),
                 "precision_seconds": WHOLE_SECOND,
             },
             "refill_seconds": {
@@ -17894,6 +18260,10 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
             image = job["spec"]["template"]["spec"]["containers"][0]["image"]
             pool.jobs[image] = job["metadata"]["name"]
             pool.images[job["metadata"]["name"]] = image
+        tracer = open_tracer(request.otlp_endpoint, run.receipt.run_id, kind="pool")
+        if tracer is not None:
+            tracer.bounds.append(time.time())  # the root span begins as the pool opens
+        pool.telemetry = PoolTelemetry(tracer, request.pushgateway, request.quiet)
         return pool
     except BaseException:
         if pool is not None:
@@ -18108,7 +18478,7 @@ def pool_request(
     """A pool's settings as the request a run takes: `episodes` is its count, `size` its
     parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
     context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose, namespace, queue, cpu,
-    memory, env, env_from_secret)."""
+    memory, env, env_from_secret, otlp_endpoint, pushgateway)."""
     request = RunRequest(
         output=output,
         count=episodes,
@@ -18147,6 +18517,8 @@ def pool_request(
         memory=options.get("memory"),
         env=tuple(options.get("env") or ()),
         env_from_secret=tuple(options.get("env_from_secret") or ()),
+        otlp_endpoint=options.get("otlp_endpoint"),
+        pushgateway=options.get("pushgateway"),
     )
     check_pool_pod(request)
     return request
@@ -19249,6 +19621,7 @@ def pool_arguments() -> list[argparse.ArgumentParser]:
         context_arguments(),
         kubectl_arguments(),
         pool_behaviour_arguments(),
+        telemetry_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
     ]
@@ -19831,6 +20204,8 @@ def pool_command(args: argparse.Namespace) -> int:
         "memory": args.memory,
         "env": args.env,
         "env_from_secret": args.env_from_secret,
+        "otlp_endpoint": args.otlp_endpoint,
+        "pushgateway": args.pushgateway,
     }
     request = pool_request(args.output, args.size, args.episodes, tasks, options, COMMAND_LINE)
     shape = PoolShape(request.runtime, request.harden, args.reuse, args.idle_timeout)
@@ -20401,6 +20776,8 @@ POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
     "memory": (str, type(None)),
     "env": (dict, list, tuple),
     "env_from_secret": (list, tuple),
+    "otlp_endpoint": (str, type(None)),
+    "pushgateway": (str, type(None)),
 }
 
 
@@ -20419,7 +20796,9 @@ def open_pool(
     cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, prepull,
     cleanup (default True), ttl (seconds), quiet (default True), verbose; namespace and queue
     (a namespace it shares, a Kueue LocalQueue), cpu, memory, env ({"KEY": "VALUE"} or
-    ["KEY=VALUE"]) and env_from_secret for each sandbox.
+    ["KEY=VALUE"]) and env_from_secret for each sandbox; otlp_endpoint (each episode's spans
+    sent as it is finished; default $OTEL_EXPORTER_OTLP_ENDPOINT's) and pushgateway
+    (metrics.prom pushed at the close).
 
         with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
             with pool.claim(task) as sandbox:

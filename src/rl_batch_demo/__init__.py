@@ -35,6 +35,7 @@ shipped single file holds them in this order, each part opening with its source 
     render: SVG pictures, tables, the comparison.
     metrics: metrics.prom, the run's figures as OpenMetrics text; the push to a Pushgateway.
     telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
+    pooltelemetry: a pool's episodes as points and phases, for its metrics.prom and its trace.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
     kube: the one edge to the cluster: `Kubectl`, `ApiProxy` (shared by a process's runs), paged reads.
     proxied: requests in kubectl's stead: a trainer's steps through one `kubectl proxy` kept for the process.

@@ -476,6 +476,8 @@ POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
     "memory": (str, type(None)),
     "env": (dict, list, tuple),
     "env_from_secret": (list, tuple),
+    "otlp_endpoint": (str, type(None)),
+    "pushgateway": (str, type(None)),
 }
 
 
@@ -494,7 +496,9 @@ def open_pool(
     cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, prepull,
     cleanup (default True), ttl (seconds), quiet (default True), verbose; namespace and queue
     (a namespace it shares, a Kueue LocalQueue), cpu, memory, env ({"KEY": "VALUE"} or
-    ["KEY=VALUE"]) and env_from_secret for each sandbox.
+    ["KEY=VALUE"]) and env_from_secret for each sandbox; otlp_endpoint (each episode's spans
+    sent as it is finished; default $OTEL_EXPORTER_OTLP_ENDPOINT's) and pushgateway
+    (metrics.prom pushed at the close).
 
         with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
             with pool.claim(task) as sandbox:

@@ -486,6 +486,7 @@ def pool_arguments() -> list[argparse.ArgumentParser]:
         context_arguments(),
         kubectl_arguments(),
         pool_behaviour_arguments(),
+        telemetry_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
     ]
@@ -1068,6 +1069,8 @@ def pool_command(args: argparse.Namespace) -> int:
         "memory": args.memory,
         "env": args.env,
         "env_from_secret": args.env_from_secret,
+        "otlp_endpoint": args.otlp_endpoint,
+        "pushgateway": args.pushgateway,
     }
     request = pool_request(args.output, args.size, args.episodes, tasks, options, COMMAND_LINE)
     shape = PoolShape(request.runtime, request.harden, args.reuse, args.idle_timeout)

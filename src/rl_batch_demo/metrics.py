@@ -119,11 +119,8 @@ def figure_gauges(figures: Mapping[str, Any], run: Mapping[str, str]) -> list[st
     return lines
 
 
-def metrics_text(
-    figures: Mapping[str, Any], batches: Sequence[tuple[str, BatchSummary]], run_id: str
-) -> str:
-    """metrics.prom from what results.json is made of: its figures and its measured batches."""
-    run = {"run_id": run_id}
+def info_series(figures: Mapping[str, Any], run: Mapping[str, str]) -> list[str]:
+    """The run's info series: what it ran, where, and with which version of the tool."""
     info = {
         **run,
         "image": figures.get("image") or "",
@@ -132,48 +129,76 @@ def metrics_text(
         "context": figures.get("context") or "",
         "version": __version__,
     }
-    lines = family(
+    return family(
         f"{PREFIX}_run_info",
         "gauge",
         "The run: its id, image, runtime class, namespace, context and the tool's version.",
         [labelled(f"{PREFIX}_run_info", info, 1)],
     )
-    classes = episode_classes(batches)
-    lines += family(
+
+
+def class_series(classes: Mapping[str, int], run: Mapping[str, str]) -> list[str]:
+    return family(
         f"{PREFIX}_episodes",
         "gauge",
         "Episodes of the run by class (rewards.jsonl's failure_class; ok for none).",
         [labelled(f"{PREFIX}_episodes", {**run, "class": k}, n) for k, n in classes.items()],
     )
-    phase_lines = [
+
+
+def phase_series(values: Mapping[str, Sequence[float]], run: Mapping[str, str]) -> list[str]:
+    """One histogram per phase, under one family (whose help a Pushgateway holds the same for
+    every group pushed to it: a run's and a pool's say the same)."""
+    lines = [
         line
-        for phase, values in phase_values(batches).items()
-        for line in histogram(f"{PREFIX}_phase_seconds", {**run, "phase": phase}, values)
+        for phase, seconds in values.items()
+        for line in histogram(f"{PREFIX}_phase_seconds", {**run, "phase": phase}, seconds)
     ]
-    lines += family(
+    return family(
         f"{PREFIX}_phase_seconds",
         "histogram",
         "Each episode's phases (docs/measurement.md), seconds, from their sharpest points.",
-        phase_lines,
+        lines,
     )
-    lines += family(
-        f"{PREFIX}_pod_to_ready_seconds",
-        "gauge",
-        "Pod created to episode ready: results.json's pod_to_ready_<statistic>_seconds, the "
-        "guide's figure (a rollout's failed episodes counted at the deadline).",
-        [
-            labelled(f"{PREFIX}_pod_to_ready_seconds", {**run, "statistic": key}, figures[name])
-            for key in ("p50", "p95", "max")
-            if figures.get(name := f"pod_to_ready_{key}_seconds") is not None
-        ],
-    )
-    rewards = [row["reward"] for row in figures.get("pods") or () if row.get("reward") is not None]
-    lines += family(
+
+
+def statistic_series(
+    name: str, help_text: str, statistics: Mapping[str, Any], run: Mapping[str, str]
+) -> list[str]:
+    """A gauge per statistic of one figure (p50, p95, max...) that has a value."""
+    samples = [
+        labelled(f"{PREFIX}_{name}", {**run, "statistic": key}, value)
+        for key, value in statistics.items()
+        if value is not None
+    ]
+    return family(f"{PREFIX}_{name}", "gauge", help_text, samples)
+
+
+def reward_series(rewards: Sequence[float], run: Mapping[str, str]) -> list[str]:
+    return family(
         f"{PREFIX}_reward",
         "summary",
         "The rewards of the run's episodes that produced one.",
         summary_lines(f"{PREFIX}_reward", run, rewards),
     )
+
+
+def metrics_text(
+    figures: Mapping[str, Any], batches: Sequence[tuple[str, BatchSummary]], run_id: str
+) -> str:
+    """metrics.prom from what results.json is made of: its figures and its measured batches."""
+    run = {"run_id": run_id}
+    lines = info_series(figures, run) + class_series(episode_classes(batches), run)
+    lines += phase_series(phase_values(batches), run)
+    lines += statistic_series(
+        "pod_to_ready_seconds",
+        "Pod created to episode ready: results.json's pod_to_ready_<statistic>_seconds, the "
+        "guide's figure (a rollout's failed episodes counted at the deadline).",
+        {key: figures.get(f"pod_to_ready_{key}_seconds") for key in ("p50", "p95", "max")},
+        run,
+    )
+    rewards = [row["reward"] for row in figures.get("pods") or () if row.get("reward") is not None]
+    lines += reward_series(rewards, run)
     lines += figure_gauges(figures, run)
     return "\n".join([*lines, "# EOF", ""])
 
@@ -236,7 +261,12 @@ def write_metrics(
 ) -> None:
     """metrics.prom in the run's directory, beside results.json and made of the same; left as it
     is when it says that already (`report` of a run that wrote it)."""
-    path, text = os.path.join(output, METRICS_FILE), metrics_text(figures, batches, run_id)
+    write_metrics_text(output, metrics_text(figures, batches, run_id))
+
+
+def write_metrics_text(output: str, text: str) -> None:
+    """metrics.prom written, unless it holds `text` already."""
+    path = os.path.join(output, METRICS_FILE)
     if not os.path.exists(path) or read_text(path) != text:
         write_text(path, text)
 

@@ -40,6 +40,7 @@ from .stats import percentile, rounded
 from .parse import parse_time
 from .timing import WHOLE_SECOND
 from .files import cleanup_command, write_json, write_text
+from .render import plural
 from .manifests import (
     namespace_manifest,
     parallelism_shares,
@@ -49,6 +50,19 @@ from .manifests import (
     token_secret_manifest,
 )
 from .kube import KubectlError
+from .metrics import push_saved_metrics
+from .telemetry import RunTracer, finish_trace, open_tracer
+from .pooltelemetry import (
+    POOL_POINTS,
+    PoolTelemetry,
+    pod_to_ready,
+    sandbox_start,
+    pool_episode,
+    pool_episodes,
+    pool_timeline_svg,
+    trace_episode,
+    write_pool_metrics,
+)
 from .sandboxes import (
     PROBE_INTERVAL_SECONDS,
     PROBE_MOST_SECONDS,
@@ -63,6 +77,7 @@ from .sandboxes import (
     ProxyClient,
     SandboxLost,
     command_text,
+    container_started,
     encoded_stdin,
     sandbox_path,
 )
@@ -241,6 +256,7 @@ class Pool:
         self.results: dict = {}  # results.json with `rewards`, once closed
         self.cleanup = False  # delete the namespace once the records are saved
         self.stopped = threading.Event()  # set once the pool closes: its keep-alive ends
+        self.telemetry = PoolTelemetry()  # its traces and pushed metrics, once it is open
 
     # -- the trainer's side ------------------------------------------------------------------
 
@@ -462,9 +478,10 @@ class Sandbox:
             with self.pool.state.condition:
                 self.pool.claimed -= 1  # a lost episode is served again on a fresh sandbox
             release_lost(self)
-        self.pool.records.reward(
-            episode_line(self, reward, valid and self.lost is None, info, failure_class)
-        )
+        line = episode_line(self, reward, valid and self.lost is None, info, failure_class)
+        self.pool.records.reward(line)
+        if self.pool.telemetry.tracer is not None:
+            trace_finished(self, line, self.pool.telemetry.tracer)
 
     def _ask(
         self,
@@ -526,6 +543,15 @@ def episode_line(
         "claimed_at": rounded(sandbox.claimed_at, 6),
         "finished_at": rounded(time.time(), 6),
     }
+
+
+def trace_finished(sandbox: Sandbox, line: dict, tracer: RunTracer) -> None:
+    """A finished episode's spans sent at once: its sandbox's start as the watch and the probe
+    saw it (the same stamps pods.json holds at the close), when it is the sandbox's first."""
+    view = sandbox.view
+    first_use = view.traced == 0  # a sandbox serves one claim at a time: no other finishes now
+    view.traced += 1
+    trace_episode(tracer, pool_episode(line, watched_start(view), first_use, view.node or None))
 
 
 def command_body(
@@ -703,8 +729,28 @@ def close_pool(pool: Pool, interrupted: bool = False) -> dict:
         pool_episodes_csv(pool.records.rewards, points),
     )
     write_json(os.path.join(pool.run.output, RESULTS_FILE), pool.results)
+    pool_telemetry(pool, pool_episodes(pool.records.rewards, points))
     pool.results["rewards"] = list(pool.records.rewards)
     return pool.results
+
+
+def pool_telemetry(pool: Pool, episodes: list[dict]) -> None:
+    """metrics.prom and timeline.svg beside results.json; with --otlp-endpoint the pool's root
+    span sent and `telemetry` recorded; with --pushgateway metrics.prom pushed. A failure to send
+    or push is a warning."""
+    run_id, telemetry = pool.run.receipt.run_id, pool.telemetry
+    write_pool_metrics(pool.run.output, pool.results, episodes, run_id)
+    settings = pool.run.settings
+    title = (
+        f"{plural(len(episodes), 'episode')} on a pool of {settings.parallelism} sandboxes, "
+        f"runtime {settings.runtime}"
+    )
+    write_text(os.path.join(pool.run.output, "timeline.svg"), pool_timeline_svg(episodes, title))
+    if telemetry.tracer is not None:
+        telemetry.tracer.bounds.append(time.time())  # the root span ends as the pool closes
+        finish_trace(telemetry.tracer, pool.run.output, pool.results, None, telemetry.quiet)
+    if telemetry.pushgateway:
+        push_saved_metrics(pool.run.output, telemetry.pushgateway, run_id)
 
 
 def file_query(path: str) -> str:
@@ -823,15 +869,6 @@ def pod_log(pool: Pool, name: str) -> str:
     return answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
 
 
-# A pool's episodes.csv: each episode's sandbox start and its own claim, each point as an absolute
-# time with its precision and source, and the phases between them with theirs.
-POOL_POINTS = (
-    ("pod_created", WHOLE_SECOND, "the pod's creationTimestamp"),
-    ("container_started", WHOLE_SECOND, "the kubelet's container status"),
-    ("server_ready", 0.0, "the sandbox server's clock"),
-    ("claimed", 0.0, "the client's clock"),
-    ("finished", 0.0, "the client's clock"),
-)
 POOL_EPISODE_COLUMNS = (
     ["index", "sandbox", "image", "reward", "warm", "commands", "command_seconds"]
     + [f"{name}_at" for name, _, _ in POOL_POINTS]
@@ -881,34 +918,27 @@ def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, f
 
 
 def sandbox_points(pool: Pool, pods: list[dict]) -> list[dict]:
-    """Each sandbox's start: its container started (the kubelet's status, whole seconds) and its
-    server listening (`server_ready`, the server's own clock), and between them `server_start`,
-    as precise as the coarser point."""
+    """Each sandbox's start: its pod created and its container started (the pod's stamps, whole
+    seconds, as pods.json holds them, or as the watch last saw a pod gone before the close) and
+    its server listening (`server_ready`, the server's own clock)."""
     points = []
     for pod in pods:
         name = pod["metadata"]["name"]
         view = pool.state.pods.get(name)
-        started = None
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            state = status.get("state") or {}
-            stamp = (state.get("running") or state.get("terminated") or {}).get("startedAt")
-            started = parse_time(stamp) if stamp else started
-        ready = view.ready_at if view is not None else None
         stamp = (pod.get("metadata") or {}).get("creationTimestamp")
         created = parse_time(stamp) if stamp else None
-        points.append(
-            {
-                "pod": name,
-                "pod_created_at": created,
-                "container_started_at": started,
-                "container_started_precision_seconds": WHOLE_SECOND,
-                "server_ready_at": ready,
-                "server_ready_source": "the sandbox server's clock",
-                "server_start_seconds": rounded(ready - started, 6) if ready and started else None,
-                "server_start_precision_seconds": WHOLE_SECOND,
-            }
-        )
-    return points
+        ready = view.ready_at if view is not None else None
+        points.append(sandbox_start(name, created, container_started(pod), ready))
+    listed = {point["pod"] for point in points}
+    with pool.state.condition:
+        gone = [view for name, view in pool.state.pods.items() if name not in listed]
+    return points + [watched_start(view) for view in gone]
+
+
+def watched_start(view: PodView) -> dict:
+    """A sandbox's start as the watch and its probe saw it."""
+    created = parse_time(view.created) if view.created else None
+    return sandbox_start(view.name, created, view.started_at, view.ready_at)
 
 
 def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
@@ -955,6 +985,10 @@ def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
                         (0.5, 0.95),
                     ).items()
                 },
+                "precision_seconds": WHOLE_SECOND,
+            },
+            "pod_to_ready_seconds": {
+                **distribution(pod_to_ready(sandboxes), (0.5, 0.95)),
                 "precision_seconds": WHOLE_SECOND,
             },
             "refill_seconds": {
@@ -1005,6 +1039,10 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
             image = job["spec"]["template"]["spec"]["containers"][0]["image"]
             pool.jobs[image] = job["metadata"]["name"]
             pool.images[job["metadata"]["name"]] = image
+        tracer = open_tracer(request.otlp_endpoint, run.receipt.run_id, kind="pool")
+        if tracer is not None:
+            tracer.bounds.append(time.time())  # the root span begins as the pool opens
+        pool.telemetry = PoolTelemetry(tracer, request.pushgateway, request.quiet)
         return pool
     except BaseException:
         if pool is not None:
@@ -1219,7 +1257,7 @@ def pool_request(
     """A pool's settings as the request a run takes: `episodes` is its count, `size` its
     parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
     context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose, namespace, queue, cpu,
-    memory, env, env_from_secret)."""
+    memory, env, env_from_secret, otlp_endpoint, pushgateway)."""
     request = RunRequest(
         output=output,
         count=episodes,
@@ -1258,6 +1296,8 @@ def pool_request(
         memory=options.get("memory"),
         env=tuple(options.get("env") or ()),
         env_from_secret=tuple(options.get("env_from_secret") or ()),
+        otlp_endpoint=options.get("otlp_endpoint"),
+        pushgateway=options.get("pushgateway"),
     )
     check_pool_pod(request)
     return request

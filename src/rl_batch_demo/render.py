@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from html import escape as html_escape
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from .constants import CANCELLED
 from .model import Settings
@@ -98,6 +98,16 @@ def timeline_episodes(batches: Sequence[tuple[str, BatchSummary]]) -> list[tuple
     ]
 
 
+class TimelineKind(NamedTuple):
+    """What a timeline's bars are: its phases (each from one point to another) in the order drawn,
+    their colours, the legend's other entries (a meaning and its fill), and what its axis counts."""
+
+    phases: Mapping[str, tuple[str, str]]
+    colours: Mapping[str, str]
+    legend: Sequence[tuple[str, str]]
+    axis: str
+
+
 class TimelineLayout(NamedTuple):
     """Where the timeline's parts go: its size, its rows, its plot and its time axis."""
 
@@ -112,6 +122,7 @@ class TimelineLayout(NamedTuple):
     legend: list[str]  # the legend's parts
     step: float  # seconds between ticks
     axis_end: float  # seconds at the axis' right end
+    kind: TimelineKind  # a run's episodes, or a pool's
 
     def x(self, seconds: float) -> float:
         """Where a moment `seconds` after the axis' start is drawn."""
@@ -122,15 +133,18 @@ class TimelineLayout(NamedTuple):
         return self.top + self.row_height * self.rows + 6
 
 
-def timeline_layout(episodes: Sequence[tuple[float, dict]]) -> TimelineLayout:
+def timeline_layout(
+    episodes: Sequence[tuple[float, dict]], kind: TimelineKind | None = None
+) -> TimelineLayout:
     """The timeline's layout: rows as tall as its count allows, named where they are tall enough,
-    and an axis to the latest point any episode reached."""
+    and an axis to the latest point any episode reached; `kind` a run's unless given."""
+    kind = kind or RUN_TIMELINE
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
     left = 170 if labels else 60
     width, right = 1000, 30
-    legend, legend_last_row = timeline_legend(left, width - right)
+    legend, legend_last_row = timeline_legend(left, width - right, kind)
     top = legend_last_row + 38
     span = max(
         [
@@ -154,6 +168,7 @@ def timeline_layout(episodes: Sequence[tuple[float, dict]]) -> TimelineLayout:
         legend,
         step,
         math.ceil(span / step) * step,
+        kind,
     )
 
 
@@ -191,7 +206,7 @@ def timeline_axis(layout: TimelineLayout) -> list[str]:
     )
     parts.append(
         f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
-        f"{html_escape(TIME_AXIS)}</text>"
+        f"{html_escape(layout.kind.axis)}</text>"
     )
     return parts
 
@@ -245,7 +260,7 @@ def timeline_row(
     def at(moment: float) -> float:
         return layout.x(moment - origin)
 
-    parts += timeline_bars(record, at, y, layout.row_height)
+    parts += timeline_bars(record, at, y, layout.row_height, layout.kind)
     parts += unrewarded_bar(record, at, y, layout.row_height)
     if failed:
         parts.append(failed_marker(record, at, layout.left, y, layout.row_height))
@@ -259,6 +274,18 @@ GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not meas
 FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 UNREWARDED_MEANING = "ran, no reward (hung to its deadline, or crashed)"
+
+RUN_TIMELINE = TimelineKind(
+    PHASES,
+    PHASE_COLOURS,
+    (
+        ("split below its precision", 'fill="url(#unsplit)"'),
+        (UNREWARDED_MEANING, 'fill="url(#unrewarded)"'),
+        (FAILED_MEANING, FAILED_FILL.strip()),
+        (GAP_MEANING, 'fill="white" stroke="#999"'),
+    ),
+    TIME_AXIS,
+)
 
 # The points an episode passes before its reward, in order: where its running time starts.
 BEFORE_REWARD = (
@@ -313,15 +340,12 @@ def failed_marker(
     )
 
 
-def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
+def timeline_legend(left: int, right_edge: int, kind: TimelineKind) -> tuple[list[str], int]:
     """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
     legend = [
-        (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()
+        (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in kind.colours.items()
     ]
-    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
-    legend.append((UNREWARDED_MEANING, 'fill="url(#unrewarded)"'))
-    legend.append((FAILED_MEANING, FAILED_FILL.strip()))
-    legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
+    legend += kind.legend
     parts, legend_x, legend_y = [], left, 32
     for name, fill in legend:
         item_width = 16 + 7 * len(name) + 14
@@ -333,7 +357,9 @@ def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
     return parts, legend_y
 
 
-def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height: int) -> list[str]:
+def timeline_bars(
+    record: dict, x: Callable[[float], float], y: int, row_height: int, kind: TimelineKind
+) -> list[str]:
     """One episode's row of phase bars; `x` places an absolute moment on the axis."""
     points = record["points"]
     # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
@@ -343,8 +369,8 @@ def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height:
     # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
     cursor: float | None = None
     unsplit: list[str] = []
-    for phase, colour in PHASE_COLOURS.items():
-        start, end = PHASES[phase]
+    for phase, colour in kind.colours.items():
+        start, end = kind.phases[phase]
         if points.get(start) is None or points.get(end) is None:
             cursor, unsplit = None, []
             continue

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from .constants import ANSWER_HEADER, SANDBOX_PORT
 from .model import DemoError
+from .parse import parse_time
 from .kube import UnixHTTPConnection
 
 # How long a request to the proxy waits for its connection and its answer, beyond a command's own
@@ -153,10 +154,12 @@ class PodView:
     reason: str = ""  # why it is not (or no longer) usable, in the cluster's words
     deleted: bool = False
     probing: bool = False
+    started_at: float | None = None  # its container started: the kubelet's status, whole seconds
     ready_at: float | None = None  # its server began to listen, its own clock
     warm_since: float | None = None  # this client's monotonic clock, when it answered
     claimed: bool = False
     ended_at: float | None = None  # this client's monotonic clock, when it finished or was lost
+    traced: int = 0  # its episodes whose spans were sent: the first carries its start
 
     @property
     def usable(self) -> bool:
@@ -174,6 +177,17 @@ def pod_view_update(view: PodView, pod: dict, deleted: bool) -> None:
         view.deleted or deleted or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
     )
     view.reason = pod_reason(pod, view.deleted)
+    view.started_at = container_started(pod) or view.started_at
+
+
+def container_started(pod: dict) -> float | None:
+    """When the pod's container started, as the kubelet's status says (running or ended)."""
+    started = None
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = status.get("state") or {}
+        stamp = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+        started = parse_time(stamp) if stamp else started
+    return started
 
 
 def pod_reason(pod: dict, deleted: bool) -> str:

@@ -162,17 +162,35 @@ def point_attributes(points: Mapping[str, Any], names: Iterable[str]) -> dict[st
     return pairs
 
 
-def known_points(points: Mapping[str, Any]) -> list[float]:
-    return [points[name][0] for name in POINTS if points.get(name) is not None]
+def known_points(points: Mapping[str, Any], names: Sequence[str] = POINTS) -> list[float]:
+    return [points[name][0] for name in names if points.get(name) is not None]
+
+
+class PhaseTable(NamedTuple):
+    """What an episode's spans are made of: its points in order, its phases (each from one point
+    to another), and the phases that are sums of others (the episode's own span covers them)."""
+
+    points: Sequence[str]
+    phases: Mapping[str, tuple[str, str]]
+    summed: Sequence[str]
+
+
+RUN_PHASES = PhaseTable(POINTS, PHASES, SUMMED_PHASES)
 
 
 def episode_spans(
-    trace_id: str, parent: str, record: Mapping[str, Any], batch_start: float
+    trace_id: str,
+    parent: str,
+    record: Mapping[str, Any],
+    batch_start: float,
+    table: PhaseTable | None = None,
 ) -> list[dict]:
     """An episode's span and its phases' spans; a failed episode's span is an error with its
-    failure (one whose pod never existed has no points: a moment at its batch's start)."""
+    failure (one whose pod never existed has no points: a moment at its batch's start). `table`:
+    the points and phases of another kind of episode (a pool's), else a run's."""
+    table = table or RUN_PHASES
     points = record.get("points") or {}
-    times = known_points(points)
+    times = known_points(points, table.points)
     start, end = (min(times), max(times)) if times else (batch_start, batch_start)
     failure = record.get("failure")
     pairs = {
@@ -184,7 +202,7 @@ def episode_spans(
         "episode.class": record.get("failure_class") or "ok",
         "episode.valid": record.get("valid") is not False,
         "episode.reward": None if record.get("reward") is None else float(record["reward"]),
-        **point_attributes(points, POINTS),
+        **point_attributes(points, table.points),
     }
     if failure is not None:
         pairs["error.type"] = record.get("failure_class") or "failure"
@@ -193,9 +211,9 @@ def episode_spans(
     )
     episode = span(trace_id, parent, name, start, end, pairs, failure)
     spans = [episode]
-    for phase, (first, last) in PHASES.items():
+    for phase, (first, last) in table.phases.items():
         measured = (record.get("phases") or {}).get(phase)
-        if phase in SUMMED_PHASES or measured is None:
+        if phase in table.summed or measured is None:
             continue
         if points.get(first) is None or points.get(last) is None:
             continue
@@ -415,20 +433,30 @@ class RunTracer:
     the run's root span at the end."""
 
     def __init__(
-        self, config: OtlpConfig, run_id: str, exporter: SpanExporter | None = None
+        self,
+        config: OtlpConfig,
+        run_id: str,
+        exporter: SpanExporter | None = None,
+        kind: str = "run",
     ) -> None:
         self.trace_id = new_id(16)
         self.root_id = new_id(8)
         self.run_id = run_id
+        self.kind = kind  # the root span's name: "run <id>", or "pool <id>"
         self.exporter = exporter or SpanExporter(config)
         self.bounds: list[float] = []
+        self.adding = threading.Lock()  # a pool's episodes end on many trainer threads
 
     def batch_done(self, job: str, summary: BatchSummary, measured: bool = True) -> None:
-        spans = batch_spans(self.trace_id, self.root_id, job, summary, measured)
-        self.bounds += [
-            int(spans[0][key]) / 1e9 for key in ("startTimeUnixNano", "endTimeUnixNano")
-        ]
-        self.exporter.submit(spans)
+        self.add(batch_spans(self.trace_id, self.root_id, job, summary, measured))
+
+    def add(self, spans: list[dict]) -> None:
+        """Spans under the root sent now; the first's start and end widen the root's."""
+        with self.adding:
+            self.bounds += [
+                int(spans[0][key]) / 1e9 for key in ("startTimeUnixNano", "endTimeUnixNano")
+            ]
+            self.exporter.submit(spans)
 
     def finish(self, figures: Mapping[str, Any] | None, failure: str | None = None) -> dict:
         """The root span sent, the exporter closed: what was exported, for results.json."""
@@ -438,7 +466,7 @@ class RunTracer:
         root = span(
             self.trace_id,
             None,
-            f"run {self.run_id}",
+            f"{self.kind} {self.run_id}",
             start,
             end,
             {
@@ -452,18 +480,20 @@ class RunTracer:
             failure,
         )
         root["spanId"] = self.root_id
-        self.exporter.submit([root])
+        with self.adding:
+            self.exporter.submit([root])
         saved = self.exporter.close().saved()
         saved["trace_id"] = self.trace_id
         return saved
 
 
 def open_tracer(
-    endpoint: str | None, run_id: str, environ: Mapping[str, str] = os.environ
+    endpoint: str | None, run_id: str, environ: Mapping[str, str] = os.environ, kind: str = "run"
 ) -> RunTracer | None:
-    """The run's tracer when an endpoint is set (flag or environment), else None."""
+    """The run's tracer when an endpoint is set (flag or environment), else None; `kind` names
+    its root span ("pool" for a pool's)."""
     config = otlp_config(endpoint, environ)
-    return None if config is None else RunTracer(config, run_id)
+    return None if config is None else RunTracer(config, run_id, kind=kind)
 
 
 def say_export(saved: Mapping[str, Any], quiet: bool = False) -> None:

@@ -2,7 +2,8 @@
 read back through Jaeger's query API, from runs on the real control plane: the span tree, every
 span's start and end equal to the points of episodes.csv to the microsecond, the failed
 episode an error; and a Jaeger killed during the run costs the run a warning, with
-results.json saying what was not exported."""
+results.json saying what was not exported. A pool's trace too, its sandboxes served by the
+node agent: each episode in Jaeger while the pool is still open."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from conftest import skip_or_fail
 from e2e_support import load, wait_for
 from test_e2e_observability import PHASE_POINTS, POINTS, TASKS, csv_rows, micros, run
+from test_e2e_pool_observability import Span, assert_pool_trace, delete_during_a_command
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 import build_jaeger  # noqa: E402  (needs the path above)
@@ -132,3 +134,59 @@ def test_a_jaeger_killed_during_the_run_costs_it_a_warning(real_cluster, tmp_pat
         f"Warning: traces: {telemetry['not_exported_spans']} of {telemetry['spans']} spans not exported"
         in stderr
     )
+
+
+def jaeger_span(span: dict) -> Span:
+    tags = tags_of(span)
+    error = tags.get("otel.status_description") if tags.get("error") else None
+    end = span["startTime"] + span["duration"]
+    return Span(
+        span["operationName"], span["spanID"], parent_of(span), span["startTime"], end, tags, error
+    )
+
+
+def test_jaeger_holds_a_pools_trace_each_episode_as_it_is_finished(
+    real_cluster, tmp_path, monkeypatch
+):
+    """A pool on the real API server and the node agent: an episode finished is in Jaeger while
+    the pool is still open; once it closes, the trace is episodes.csv's (one sandbox deleted
+    under its command: that episode an error)."""
+    import rl_batch_demo
+
+    bin_dir = jaeger_bin()
+    kubectl, cluster = real_cluster
+    if os.geteuid() != 0:
+        skip_or_fail("root (the node agent's pod network is a network namespace of its own)")
+    for name, value in cluster.env().items():
+        monkeypatch.setenv(name, value)
+    output = tmp_path / "pool"
+    tasks = [{"id": "fix-a"}, {"id": "fix-b"}]
+    with Jaeger(bin_dir, tmp_path) as jaeger:
+        with rl_batch_demo.open_pool(
+            output=str(output),
+            size=2,
+            episodes=3,
+            tasks=tasks,
+            kubectl=kubectl,
+            otlp_endpoint=jaeger.otlp_url,
+        ) as pool:
+            with pool.claim(tasks[0], timeout=180) as first:
+                assert first.run(["true"]).exit_code == 0
+                first.finish(reward=1.0)
+            trace_id = pool.telemetry.tracer.trace_id
+            early = jaeger.trace(trace_id, 5, seconds=60)  # the episode and its 4 phases
+            assert {s["operationName"] for s in early["spans"]} >= {"episode 0", "episode_work"}
+            lost = pool.claim(tasks[1], timeout=180)
+            delete_during_a_command(lost, kubectl, pool.run.namespace, cluster.env())
+            lost.finish(reward=1.0)
+            with pool.claim(tasks[1], timeout=180) as again:
+                again.finish(reward=0.0)
+        telemetry = load(output / "results.json")["telemetry"]
+        assert telemetry["not_exported_spans"] == 0 and telemetry["trace_id"] == trace_id
+        trace = jaeger.trace(trace_id, telemetry["spans"])
+    spans = [jaeger_span(s) for s in trace["spans"]]
+    assert len(spans) == telemetry["spans"] == 1 + 3 * 5
+    episodes = assert_pool_trace(spans, output)
+    assert episodes["episode 1"].error.startswith(f"sandbox {lost.pod} lost")
+    assert episodes["episode 1"].tags["episode.class"] == "infrastructure"
+    print(f"jaeger held the pool's {len(spans)} spans")
