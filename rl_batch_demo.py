@@ -554,6 +554,9 @@ if __name__ == "__main__":
 POOL_JOB_NAME = "pool"
 SANDBOX_CONTAINER = "sandbox"
 SANDBOX_PORT = 8377
+SANDBOX_OUTPUT_CAP_BYTES = (
+    1 << 20
+)  # what a command may print on each stream (the server's default too)
 SERVER_KEY = "sandbox_server.py"
 TOKEN_SECRET = "sandbox-token"
 TOKEN_KEY = "token"
@@ -3756,6 +3759,11 @@ def server_container(
         {"name": "SANDBOX_PORT", "value": str(SANDBOX_PORT)},
         {"name": "SANDBOX_IDLE_SECONDS", "value": str(idle_timeout)},
         {"name": "SANDBOX_TOKEN_FILE", "value": f"{TOKEN_MOUNT}/{TOKEN_KEY}"},
+        # Set here, though they are the server's defaults: `env` beats `envFrom`, so no Secret's
+        # key can move the server's workspace or its output cap.
+        {"name": "SANDBOX_WORKSPACE", "value": "/workspace"},
+        {"name": "SANDBOX_PRISTINE", "value": "/sandbox-pristine/workspace"},
+        {"name": "SANDBOX_OUTPUT_CAP_BYTES", "value": str(SANDBOX_OUTPUT_CAP_BYTES)},
     ] + [{"name": key, "value": value} for key, value in pod.env]
     container: dict[str, Any] = {
         "name": SANDBOX_CONTAINER,
@@ -5741,13 +5749,14 @@ def check_container_exit(name: str, pod: dict) -> None:
         raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
 
 
-def never_ran(pod: dict, job: dict) -> bool:
+def never_ran(pod: dict, job: dict, log_text: str = "") -> bool:
     """A pod of a Job that was suspended, deleted before any container of it was made: no
     episode ran in it. Kueue stops a Job it has just admitted when its Workload is not yet in its
     cache ("Missing Workload; unable to restore pod templates", kubernetes-sigs/kueue#8482) and
     resumes it, and an eviction can come before the pods start: the Job controller deletes the
-    pods, which end Failed (ContainerStatusUnknown, never started), and makes others."""
-    if not pod["metadata"].get("deletionTimestamp"):
+    pods, which end Failed (ContainerStatusUnknown, never started), and makes others. A pod with a
+    log, or whose container ran once (lastState), ran."""
+    if not pod["metadata"].get("deletionTimestamp") or log_text.strip():
         return False
     conditions = (job.get("status") or {}).get("conditions") or []
     if not any(condition.get("type") == "Suspended" for condition in conditions):
@@ -5756,6 +5765,8 @@ def never_ran(pod: dict, job: dict) -> bool:
         state = status.get("state") or {}
         terminated = state.get("terminated") or {}
         if status.get("containerID") or "running" in state or terminated.get("startedAt"):
+            return False
+        if (status.get("lastState") or {}).get("terminated"):  # a container that ran before
             return False
     return True
 
@@ -7563,10 +7574,14 @@ def reward_figures(rows: Sequence[dict], records: Sequence[dict], builtin: bool)
     }
 
 
-def ran_pods(job: dict, pods: Sequence[dict]) -> tuple[list[dict], list[str]]:
+def ran_pods(
+    job: dict, pods: Sequence[dict], logs: Mapping[str, str]
+) -> tuple[list[dict], list[str]]:
     """The pods an episode may have run in, and the names of those a suspension of the Job
     deleted before any container was made (outcomes.never_ran): no episode, not counted."""
-    unrun = sorted(pod_name(pod) for pod in pods if never_ran(pod, job))
+    unrun = sorted(
+        pod_name(pod) for pod in pods if never_ran(pod, job, logs.get(pod_name(pod), ""))
+    )
     return [pod for pod in pods if pod_name(pod) not in unrun], unrun
 
 
@@ -7590,7 +7605,7 @@ def summarise_batch(
     summarised while the batch ran, each taken where its pod, log and inputs are the final ones
     (the result is the same as without them). `index`: the watch's index of the events, taken
     where it is exact and of these very events (else they are read again)."""
-    drafts, (pods, unrun) = drafts or {}, ran_pods(job, pods)
+    drafts, (pods, unrun) = drafts or {}, ran_pods(job, pods, logs)
     episodes = verify_batch(count, job, pods, logs, builtin, drafts)
     sources = batch_sources(job, pods, count, episodes, events, observed, index)
     summarised = [
@@ -7918,6 +7933,10 @@ class TimelineKind(NamedTuple):
     colours: Mapping[str, str]
     legend: Sequence[tuple[str, str]]
     axis: str
+    # Whether each phase begins where the one before ended (a run's). A pool's claim_wait begins
+    # at the claim, which a cold claim makes before its sandbox is ready: its title says its own
+    # length, its bar the part after the phase before.
+    chained: bool = True
 
 
 class TimelineLayout(NamedTuple):
@@ -8196,10 +8215,13 @@ def timeline_bars(
         names = "+".join(unsplit + [phase])
         fill = "url(#unsplit)" if unsplit else colour
         x0, x1 = x(begin), x(finish)
+        said = f"{finish - begin:.3f} s"
+        if not kind.chained and not unsplit and begin > points[start][0]:
+            said = f"{finish - points[start][0]:.3f} s ({said} of it after the phase before)"
         parts.append(
             f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
             f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
-            f"{names}: {finish - begin:.3f} s</title></rect>"
+            f"{names}: {said}</title></rect>"
         )
         cursor, unsplit = finish, []
     return parts
@@ -9856,6 +9878,7 @@ POOL_TIMELINE = TimelineKind(
         ("gap: the sandbox warm, not yet claimed", 'fill="white" stroke="#999"'),
     ),
     "seconds after the pool's first pod was created (its whole second)",
+    chained=False,
 )
 
 
@@ -11903,7 +11926,7 @@ class PodView:
     warm_since: float | None = None  # this client's monotonic clock, when it answered
     claimed: bool = False
     ended_at: float | None = None  # this client's monotonic clock, when it finished or was lost
-    traced: int = 0  # its episodes whose spans were sent: the first carries its start
+    traced: int = 0  # its episodes finished: the first one's spans carry its start
 
     @property
     def usable(self) -> bool:
@@ -14208,7 +14231,8 @@ def record_labelled_jobs(kubectl: Kubectl, receipt: Receipt) -> None:
         return  # the receipt's own record is what is deleted
     for job in (listed or {}).get("items") or []:
         metadata = job["metadata"]
-        if not receipt.has_job(metadata["name"]):
+        mine = (metadata.get("labels") or {}).get(RUN_LABEL) == receipt.run_id  # checked here too
+        if mine and not receipt.has_job(metadata["name"]):
             receipt.record_job(metadata["name"], metadata["uid"])
 
 
@@ -14363,10 +14387,11 @@ def read_overhead(run: RunContext, plan: dict) -> dict[str, float]:
     return overhead
 
 
-def check_queue(run: RunContext) -> None:
+def check_queue(run: RunContext, width: str = "parallelism") -> None:
     """--queue, in place of the nodes' capacity check: the LocalQueue exists, and every Job of the
     batch fits its ClusterQueue's quota; a Job that never can is refused, with the figures, before
-    anything is made. run.json keeps what was found (`capacity`, with `queue`)."""
+    anything is made (`width`: the setting that says how many pods run at once, a pool's `size`).
+    run.json keeps what was found (`capacity`, with `queue`)."""
     queue, namespace = run.settings.queue or "", run.namespace
     plan: dict = {"checked": False, "queue": queue}
     local = read_kueue(run, "localqueues", queue, namespace)
@@ -14392,7 +14417,7 @@ def check_queue(run: RunContext) -> None:
         if fit.never:
             raise DemoError(
                 f"the batch can never be admitted by queue {queue} (ClusterQueue {cluster_queue}): "
-                f"{fit.never}; lower {run.spelling.name('parallelism')} or ask for more quota; "
+                f"{fit.never}; lower {run.spelling.name(width)} or ask for more quota; "
                 f"nothing was created"
             )
     run.capacity = plan
@@ -14411,6 +14436,41 @@ def job_workload(kubectl: Kubectl, namespace: str, job_uid: str) -> dict | None:
     )
     items = (listing or {}).get("items") or []
     return items[0] if items else None
+
+
+def set_workload_active(kubectl: Kubectl, namespace: str, job_uid: str, active: bool) -> str | None:
+    """Stop (False) or let go (True) a queued Job the way Kueue wants it, through its Workload's
+    `spec.active`: Kueue resumes a suspended Job whose Workload is admitted, so under a queue the
+    Job's own `suspend` does not hold. Why it could not be done, or None."""
+    try:
+        workload = job_workload(kubectl, namespace, job_uid)
+        if workload is None:
+            return "Kueue has made no Workload for it yet"
+        kubectl.run(
+            ["patch", f"workloads.{KUEUE_VERSION}.{KUEUE_GROUP}", workload["metadata"]["name"]]
+            + ["-n", namespace, "--type=merge", "-p", json.dumps({"spec": {"active": active}})],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    except DemoError as error:
+        return f"{error}; grant patch on workloads.{KUEUE_GROUP}"
+    return None
+
+
+def stop_queued(kubectl: Kubectl, namespace: str, name: str, job_uid: str | None) -> None:
+    """A queued Job just suspended, kept so: its Workload deactivated (else Kueue resumes it and
+    its pods start again); a warning when that cannot be done."""
+    said = (
+        "its UID is not known"
+        if not job_uid
+        else set_workload_active(kubectl, namespace, job_uid, False)
+    )
+    if said:
+        print(
+            f"Warning: cannot deactivate the Kueue Workload of Job {name} ({said}): Kueue may "
+            f"resume the Job and start its pods again; `cleanup` deletes it",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def queue_word(kubectl: Kubectl, namespace: str, job: dict) -> str:
@@ -16710,6 +16770,8 @@ def stop_for_groups(run: RunContext, job_names: Sequence[str]) -> None:
             ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", json.dumps(patch)],
             retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
         )
+        if run.settings.queue and not ended:  # else Kueue resumes it: the cancelled would run
+            stop_queued(run.kubectl, run.namespace, name, run.receipt.job_uids().get(name))
     if not run.silent:
         print(
             f"{run.spelling.setting('need_groups', run.settings.need_groups)} met: the rest of "
@@ -16899,23 +16961,47 @@ def suspend_batch(run: RunContext) -> list[str]:
     the Jobs instead would take those with them. The names of the Jobs suspended; one that could
     not be is named on stderr."""
     batch = run.batch
-    if batch is None or batch.follower.state.end is not None:
+    if batch is None:
+        return suspend_queued(run) if run.settings.queue else []
+    if batch.follower.state.end is not None:
         return []
     jobs = batch.follower.jobs
-    suspended = []
-    for name in jobs.names:
-        if not run.receipt.has_job(name) or job_finished(jobs.seen.get(name) or {}):
-            continue
+    return [
+        name
+        for name in jobs.names
+        if run.receipt.has_job(name)
+        and not job_finished(jobs.seen.get(name) or {})
+        and suspend_run_job(run, name)
+    ]
+
+
+def suspend_queued(run: RunContext) -> list[str]:
+    """Interrupted while Kueue held the batch (or had just let it go): each Job the receipt names
+    and the cluster has not seen end, suspended and its Workload deactivated."""
+    names = []
+    for name in run.receipt.job_uids():
         try:
-            run.kubectl.run(
-                ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", SUSPEND_PATCH],
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-            )
-        except DemoError as error:
-            print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
-            continue
-        suspended.append(name)
-    return suspended
+            live = run.kubectl.get("job", name, run.namespace, missing_ok=True)
+        except DemoError:
+            live = None
+        if live is not None and not job_finished(live) and suspend_run_job(run, name):
+            names.append(name)
+    return names
+
+
+def suspend_run_job(run: RunContext, name: str) -> bool:
+    """One Job suspended (its Workload deactivated too, under a queue); whether it was."""
+    try:
+        run.kubectl.run(
+            ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", SUSPEND_PATCH],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    except DemoError as error:
+        print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
+        return False
+    if run.settings.queue:  # else Kueue resumes it, its Workload being admitted
+        stop_queued(run.kubectl, run.namespace, name, run.receipt.job_uids().get(name))
+    return True
 
 
 def close(run: RunContext) -> None:
@@ -17688,6 +17774,8 @@ class Sandbox:
             if self.finished:
                 return
             self.finished = True
+            # Before the sandbox is let go: with reuse another claim may finish on it next.
+            first_use, self.view.traced = self.view.traced == 0, self.view.traced + 1
         failure_class = "infrastructure" if self.lost else None
         given_back = False
         if self.lost is None:
@@ -17702,7 +17790,7 @@ class Sandbox:
         line = episode_line(self, reward, valid and self.lost is None, info, failure_class)
         self.pool.records.reward(line)
         if self.pool.telemetry.tracer is not None:
-            trace_finished(self, line, self.pool.telemetry.tracer)
+            trace_finished(self, line, self.pool.telemetry.tracer, first_use)
 
     def _ask(
         self,
@@ -17766,12 +17854,10 @@ def episode_line(
     }
 
 
-def trace_finished(sandbox: Sandbox, line: dict, tracer: RunTracer) -> None:
+def trace_finished(sandbox: Sandbox, line: dict, tracer: RunTracer, first_use: bool) -> None:
     """A finished episode's spans sent at once: its sandbox's start as the watch and the probe
     saw it (the same stamps pods.json holds at the close), when it is the sandbox's first."""
     view = sandbox.view
-    first_use = view.traced == 0  # a sandbox serves one claim at a time: no other finishes now
-    view.traced += 1
     trace_episode(tracer, pool_episode(line, watched_start(view), first_use, view.node or None))
 
 
@@ -18012,6 +18098,9 @@ def suspend_job(pool: Pool, name: str) -> None:
             f"timeout, or with `cleanup`",
             file=sys.stderr,
         )
+    elif pool.run.settings.queue:  # else Kueue resumes it, its Workload being admitted
+        uid = pool.run.receipt.job_uids().get(name)
+        stop_queued(pool.run.kubectl, pool.run.namespace, name, uid)
 
 
 def proxy_json(pool: Pool, path: str) -> Any:
@@ -18067,7 +18156,10 @@ def save_pod_logs(pool: Pool, names: Sequence[str], interrupted: bool) -> None:
     readers = concurrent.futures.ThreadPoolExecutor(LOG_READERS, "rl-batch-demo log")
     saved = 0
     try:
-        for name, text in zip(names, readers.map(lambda name: pod_log(pool, name), names)):
+        # After Ctrl-C a read is bounded short: its thread is joined when the process exits.
+        timeout = 5.0 if interrupted else 30.0
+        texts = readers.map(lambda name: pod_log(pool, name, timeout), names)
+        for name, text in zip(names, texts):
             write_text(os.path.join(pool.run.output, f"{name}.log"), text)
             saved += 1
     except KeyboardInterrupt:
@@ -18080,11 +18172,11 @@ def save_pod_logs(pool: Pool, names: Sequence[str], interrupted: bool) -> None:
         readers.shutdown(wait=False, cancel_futures=True)
 
 
-def pod_log(pool: Pool, name: str) -> str:
+def pod_log(pool: Pool, name: str, timeout: float) -> str:
     """A pod's log through the proxy; empty when it has none (never started) or the read broke."""
     path = f"/api/v1/namespaces/{pool.run.namespace}/pods/{name}/log"
     try:
-        answer = pool.client.request("GET", path, None, {}, 30.0)
+        answer = pool.client.request("GET", path, None, {}, timeout)
     except (OSError, http.client.HTTPException):
         return ""
     return answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
@@ -18120,7 +18212,8 @@ def pool_episodes_csv(rewards: Sequence[dict], sandboxes: Sequence[dict]) -> str
         writer.writerow(
             [line["index"], line["sandbox"], line["image"], line["reward"], line["warm"]]
             + [line["commands"], line["command_seconds"]]
-            + [at[name] for name, _, _ in POOL_POINTS]
+            # At the microsecond, as a run's episodes.csv and the spans (telemetry.nanos) have it.
+            + ["" if at[name] is None else f"{at[name]:.6f}" for name, _, _ in POOL_POINTS]
             + [precision for _, precision, _ in POOL_POINTS]
             + [source for _, _, source in POOL_POINTS]
             + [point.get("server_start_seconds"), WHOLE_SECOND, line["claim_wait_seconds"]]
@@ -18284,7 +18377,7 @@ def make_pool_setup(run: RunContext) -> None:
     in a shared namespace each object's UID is in the receipt before the next is made."""
     check_shared_namespace(run)
     if run.settings.queue:
-        check_queue(run)  # the queue's quota, not the nodes, holds the pool
+        check_queue(run, "size")  # the queue's quota, not the nodes, holds the pool
     else:
         check_capacity(run)
     secrets_read = read_pool_secrets(run)
@@ -18947,19 +19040,18 @@ def resume(run: RunContext, jobs: Sequence[dict]) -> list[str]:
         if job_finished(job) or not suspended or cancelled_by_tool(job):
             continue
         name = job["metadata"]["name"]
-        run.kubectl.run(
-            [
-                "patch",
-                "job",
-                name,
-                "-n",
-                run.namespace,
-                "--type=merge",
-                "-p",
-                SUSPEND_PATCH.replace("true", "false"),
-            ],
-            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-        )
+        if run.settings.queue:
+            # Kueue holds a queued Job suspended until it admits it: its Workload is let go (the
+            # interrupted client deactivated it), and Kueue resumes the Job once admitted.
+            said = set_workload_active(run.kubectl, run.namespace, job["metadata"]["uid"], True)
+            if said:
+                raise DemoError(f"cannot let Kueue resume Job {name}: {said}")
+        else:
+            run.kubectl.run(
+                ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p"]
+                + [SUSPEND_PATCH.replace("true", "false")],
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
         resumed.append(name)
     return resumed
 

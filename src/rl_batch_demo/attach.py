@@ -38,6 +38,7 @@ from .lease import (
     take_lock,
     this_holder,
 )
+from .kueue import set_workload_active
 from .run import close, finish_run, interrupted, print_results, run_one_batch
 from .report import load_saved_batch
 
@@ -219,19 +220,18 @@ def resume(run: RunContext, jobs: Sequence[dict]) -> list[str]:
         if job_finished(job) or not suspended or cancelled_by_tool(job):
             continue
         name = job["metadata"]["name"]
-        run.kubectl.run(
-            [
-                "patch",
-                "job",
-                name,
-                "-n",
-                run.namespace,
-                "--type=merge",
-                "-p",
-                SUSPEND_PATCH.replace("true", "false"),
-            ],
-            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-        )
+        if run.settings.queue:
+            # Kueue holds a queued Job suspended until it admits it: its Workload is let go (the
+            # interrupted client deactivated it), and Kueue resumes the Job once admitted.
+            said = set_workload_active(run.kubectl, run.namespace, job["metadata"]["uid"], True)
+            if said:
+                raise DemoError(f"cannot let Kueue resume Job {name}: {said}")
+        else:
+            run.kubectl.run(
+                ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p"]
+                + [SUSPEND_PATCH.replace("true", "false")],
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
         resumed.append(name)
     return resumed
 

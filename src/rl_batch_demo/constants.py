@@ -308,6 +308,9 @@ WORKER_SOURCE = embedded_text("worker.py")
 POOL_JOB_NAME = "pool"
 SANDBOX_CONTAINER = "sandbox"
 SANDBOX_PORT = 8377
+SANDBOX_OUTPUT_CAP_BYTES = (
+    1 << 20
+)  # what a command may print on each stream (the server's default too)
 SERVER_KEY = "sandbox_server.py"
 TOKEN_SECRET = "sandbox-token"
 TOKEN_KEY = "token"

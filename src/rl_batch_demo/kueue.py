@@ -120,7 +120,8 @@ def record_labelled_jobs(kubectl: Kubectl, receipt: Receipt) -> None:
         return  # the receipt's own record is what is deleted
     for job in (listed or {}).get("items") or []:
         metadata = job["metadata"]
-        if not receipt.has_job(metadata["name"]):
+        mine = (metadata.get("labels") or {}).get(RUN_LABEL) == receipt.run_id  # checked here too
+        if mine and not receipt.has_job(metadata["name"]):
             receipt.record_job(metadata["name"], metadata["uid"])
 
 
@@ -275,10 +276,11 @@ def read_overhead(run: RunContext, plan: dict) -> dict[str, float]:
     return overhead
 
 
-def check_queue(run: RunContext) -> None:
+def check_queue(run: RunContext, width: str = "parallelism") -> None:
     """--queue, in place of the nodes' capacity check: the LocalQueue exists, and every Job of the
     batch fits its ClusterQueue's quota; a Job that never can is refused, with the figures, before
-    anything is made. run.json keeps what was found (`capacity`, with `queue`)."""
+    anything is made (`width`: the setting that says how many pods run at once, a pool's `size`).
+    run.json keeps what was found (`capacity`, with `queue`)."""
     queue, namespace = run.settings.queue or "", run.namespace
     plan: dict = {"checked": False, "queue": queue}
     local = read_kueue(run, "localqueues", queue, namespace)
@@ -304,7 +306,7 @@ def check_queue(run: RunContext) -> None:
         if fit.never:
             raise DemoError(
                 f"the batch can never be admitted by queue {queue} (ClusterQueue {cluster_queue}): "
-                f"{fit.never}; lower {run.spelling.name('parallelism')} or ask for more quota; "
+                f"{fit.never}; lower {run.spelling.name(width)} or ask for more quota; "
                 f"nothing was created"
             )
     run.capacity = plan
@@ -323,6 +325,41 @@ def job_workload(kubectl: Kubectl, namespace: str, job_uid: str) -> dict | None:
     )
     items = (listing or {}).get("items") or []
     return items[0] if items else None
+
+
+def set_workload_active(kubectl: Kubectl, namespace: str, job_uid: str, active: bool) -> str | None:
+    """Stop (False) or let go (True) a queued Job the way Kueue wants it, through its Workload's
+    `spec.active`: Kueue resumes a suspended Job whose Workload is admitted, so under a queue the
+    Job's own `suspend` does not hold. Why it could not be done, or None."""
+    try:
+        workload = job_workload(kubectl, namespace, job_uid)
+        if workload is None:
+            return "Kueue has made no Workload for it yet"
+        kubectl.run(
+            ["patch", f"workloads.{KUEUE_VERSION}.{KUEUE_GROUP}", workload["metadata"]["name"]]
+            + ["-n", namespace, "--type=merge", "-p", json.dumps({"spec": {"active": active}})],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    except DemoError as error:
+        return f"{error}; grant patch on workloads.{KUEUE_GROUP}"
+    return None
+
+
+def stop_queued(kubectl: Kubectl, namespace: str, name: str, job_uid: str | None) -> None:
+    """A queued Job just suspended, kept so: its Workload deactivated (else Kueue resumes it and
+    its pods start again); a warning when that cannot be done."""
+    said = (
+        "its UID is not known"
+        if not job_uid
+        else set_workload_active(kubectl, namespace, job_uid, False)
+    )
+    if said:
+        print(
+            f"Warning: cannot deactivate the Kueue Workload of Job {name} ({said}): Kueue may "
+            f"resume the Job and start its pods again; `cleanup` deletes it",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def queue_word(kubectl: Kubectl, namespace: str, job: dict) -> str:

@@ -15,6 +15,7 @@ from .constants import (
     BATCH_LABEL,
     IDLE_EXIT_CODE,
     SANDBOX_CONTAINER,
+    SANDBOX_OUTPUT_CAP_BYTES,
     SANDBOX_PORT,
     SERVER_KEY,
     TOKEN_KEY,
@@ -938,6 +939,11 @@ def server_container(
         {"name": "SANDBOX_PORT", "value": str(SANDBOX_PORT)},
         {"name": "SANDBOX_IDLE_SECONDS", "value": str(idle_timeout)},
         {"name": "SANDBOX_TOKEN_FILE", "value": f"{TOKEN_MOUNT}/{TOKEN_KEY}"},
+        # Set here, though they are the server's defaults: `env` beats `envFrom`, so no Secret's
+        # key can move the server's workspace or its output cap.
+        {"name": "SANDBOX_WORKSPACE", "value": "/workspace"},
+        {"name": "SANDBOX_PRISTINE", "value": "/sandbox-pristine/workspace"},
+        {"name": "SANDBOX_OUTPUT_CAP_BYTES", "value": str(SANDBOX_OUTPUT_CAP_BYTES)},
     ] + [{"name": key, "value": value} for key, value in pod.env]
     container: dict[str, Any] = {
         "name": SANDBOX_CONTAINER,

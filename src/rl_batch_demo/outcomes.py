@@ -148,13 +148,14 @@ def check_container_exit(name: str, pod: dict) -> None:
         raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
 
 
-def never_ran(pod: dict, job: dict) -> bool:
+def never_ran(pod: dict, job: dict, log_text: str = "") -> bool:
     """A pod of a Job that was suspended, deleted before any container of it was made: no
     episode ran in it. Kueue stops a Job it has just admitted when its Workload is not yet in its
     cache ("Missing Workload; unable to restore pod templates", kubernetes-sigs/kueue#8482) and
     resumes it, and an eviction can come before the pods start: the Job controller deletes the
-    pods, which end Failed (ContainerStatusUnknown, never started), and makes others."""
-    if not pod["metadata"].get("deletionTimestamp"):
+    pods, which end Failed (ContainerStatusUnknown, never started), and makes others. A pod with a
+    log, or whose container ran once (lastState), ran."""
+    if not pod["metadata"].get("deletionTimestamp") or log_text.strip():
         return False
     conditions = (job.get("status") or {}).get("conditions") or []
     if not any(condition.get("type") == "Suspended" for condition in conditions):
@@ -163,6 +164,8 @@ def never_ran(pod: dict, job: dict) -> bool:
         state = status.get("state") or {}
         terminated = state.get("terminated") or {}
         if status.get("containerID") or "running" in state or terminated.get("startedAt"):
+            return False
+        if (status.get("lastState") or {}).get("terminated"):  # a container that ran before
             return False
     return True
 

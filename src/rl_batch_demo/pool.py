@@ -84,7 +84,7 @@ from .sandboxes import (
 from .follow import RunContext
 from .preflight import check_capacity, check_runtime_class, save_run_records
 from .lifecycle import cleanup_namespace
-from .kueue import check_queue, check_shared_namespace, queue_word
+from .kueue import check_queue, check_shared_namespace, queue_word, stop_queued
 from .tenancy import queued_job, run_suffix, shared_jobs, shared_setup
 from .podspec import episode_pod, secret_copy_manifest
 from .secretcopy import ReadSecrets, filled, read_secret, read_secrets
@@ -467,6 +467,8 @@ class Sandbox:
             if self.finished:
                 return
             self.finished = True
+            # Before the sandbox is let go: with reuse another claim may finish on it next.
+            first_use, self.view.traced = self.view.traced == 0, self.view.traced + 1
         failure_class = "infrastructure" if self.lost else None
         given_back = False
         if self.lost is None:
@@ -481,7 +483,7 @@ class Sandbox:
         line = episode_line(self, reward, valid and self.lost is None, info, failure_class)
         self.pool.records.reward(line)
         if self.pool.telemetry.tracer is not None:
-            trace_finished(self, line, self.pool.telemetry.tracer)
+            trace_finished(self, line, self.pool.telemetry.tracer, first_use)
 
     def _ask(
         self,
@@ -545,12 +547,10 @@ def episode_line(
     }
 
 
-def trace_finished(sandbox: Sandbox, line: dict, tracer: RunTracer) -> None:
+def trace_finished(sandbox: Sandbox, line: dict, tracer: RunTracer, first_use: bool) -> None:
     """A finished episode's spans sent at once: its sandbox's start as the watch and the probe
     saw it (the same stamps pods.json holds at the close), when it is the sandbox's first."""
     view = sandbox.view
-    first_use = view.traced == 0  # a sandbox serves one claim at a time: no other finishes now
-    view.traced += 1
     trace_episode(tracer, pool_episode(line, watched_start(view), first_use, view.node or None))
 
 
@@ -791,6 +791,9 @@ def suspend_job(pool: Pool, name: str) -> None:
             f"timeout, or with `cleanup`",
             file=sys.stderr,
         )
+    elif pool.run.settings.queue:  # else Kueue resumes it, its Workload being admitted
+        uid = pool.run.receipt.job_uids().get(name)
+        stop_queued(pool.run.kubectl, pool.run.namespace, name, uid)
 
 
 def proxy_json(pool: Pool, path: str) -> Any:
@@ -846,7 +849,10 @@ def save_pod_logs(pool: Pool, names: Sequence[str], interrupted: bool) -> None:
     readers = concurrent.futures.ThreadPoolExecutor(LOG_READERS, "rl-batch-demo log")
     saved = 0
     try:
-        for name, text in zip(names, readers.map(lambda name: pod_log(pool, name), names)):
+        # After Ctrl-C a read is bounded short: its thread is joined when the process exits.
+        timeout = 5.0 if interrupted else 30.0
+        texts = readers.map(lambda name: pod_log(pool, name, timeout), names)
+        for name, text in zip(names, texts):
             write_text(os.path.join(pool.run.output, f"{name}.log"), text)
             saved += 1
     except KeyboardInterrupt:
@@ -859,11 +865,11 @@ def save_pod_logs(pool: Pool, names: Sequence[str], interrupted: bool) -> None:
         readers.shutdown(wait=False, cancel_futures=True)
 
 
-def pod_log(pool: Pool, name: str) -> str:
+def pod_log(pool: Pool, name: str, timeout: float) -> str:
     """A pod's log through the proxy; empty when it has none (never started) or the read broke."""
     path = f"/api/v1/namespaces/{pool.run.namespace}/pods/{name}/log"
     try:
-        answer = pool.client.request("GET", path, None, {}, 30.0)
+        answer = pool.client.request("GET", path, None, {}, timeout)
     except (OSError, http.client.HTTPException):
         return ""
     return answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
@@ -899,7 +905,8 @@ def pool_episodes_csv(rewards: Sequence[dict], sandboxes: Sequence[dict]) -> str
         writer.writerow(
             [line["index"], line["sandbox"], line["image"], line["reward"], line["warm"]]
             + [line["commands"], line["command_seconds"]]
-            + [at[name] for name, _, _ in POOL_POINTS]
+            # At the microsecond, as a run's episodes.csv and the spans (telemetry.nanos) have it.
+            + ["" if at[name] is None else f"{at[name]:.6f}" for name, _, _ in POOL_POINTS]
             + [precision for _, precision, _ in POOL_POINTS]
             + [source for _, _, source in POOL_POINTS]
             + [point.get("server_start_seconds"), WHOLE_SECOND, line["claim_wait_seconds"]]
@@ -1063,7 +1070,7 @@ def make_pool_setup(run: RunContext) -> None:
     in a shared namespace each object's UID is in the receipt before the next is made."""
     check_shared_namespace(run)
     if run.settings.queue:
-        check_queue(run)  # the queue's quota, not the nodes, holds the pool
+        check_queue(run, "size")  # the queue's quota, not the nodes, holds the pool
     else:
         check_capacity(run)
     secrets_read = read_pool_secrets(run)

@@ -252,6 +252,7 @@ POOL_TIMELINE = TimelineKind(
         ("gap: the sandbox warm, not yet claimed", 'fill="white" stroke="#999"'),
     ),
     "seconds after the pool's first pod was created (its whole second)",
+    chained=False,
 )
 
 

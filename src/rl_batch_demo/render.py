@@ -106,6 +106,10 @@ class TimelineKind(NamedTuple):
     colours: Mapping[str, str]
     legend: Sequence[tuple[str, str]]
     axis: str
+    # Whether each phase begins where the one before ended (a run's). A pool's claim_wait begins
+    # at the claim, which a cold claim makes before its sandbox is ready: its title says its own
+    # length, its bar the part after the phase before.
+    chained: bool = True
 
 
 class TimelineLayout(NamedTuple):
@@ -384,10 +388,13 @@ def timeline_bars(
         names = "+".join(unsplit + [phase])
         fill = "url(#unsplit)" if unsplit else colour
         x0, x1 = x(begin), x(finish)
+        said = f"{finish - begin:.3f} s"
+        if not kind.chained and not unsplit and begin > points[start][0]:
+            said = f"{finish - points[start][0]:.3f} s ({said} of it after the phase before)"
         parts.append(
             f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
             f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
-            f"{names}: {finish - begin:.3f} s</title></rect>"
+            f"{names}: {said}</title></rect>"
         )
         cursor, unsplit = finish, []
     return parts

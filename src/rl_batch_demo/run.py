@@ -147,6 +147,7 @@ from .kueue import (
     check_shared_namespace,
     complete_shared_receipt,
     record_admission,
+    stop_queued,
     wait_admitted,
 )
 from .tenancy import queued_job, run_suffix, shared_jobs, shared_setup, stamped_jobs
@@ -799,6 +800,8 @@ def stop_for_groups(run: RunContext, job_names: Sequence[str]) -> None:
             ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", json.dumps(patch)],
             retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
         )
+        if run.settings.queue and not ended:  # else Kueue resumes it: the cancelled would run
+            stop_queued(run.kubectl, run.namespace, name, run.receipt.job_uids().get(name))
     if not run.silent:
         print(
             f"{run.spelling.setting('need_groups', run.settings.need_groups)} met: the rest of "
@@ -988,23 +991,47 @@ def suspend_batch(run: RunContext) -> list[str]:
     the Jobs instead would take those with them. The names of the Jobs suspended; one that could
     not be is named on stderr."""
     batch = run.batch
-    if batch is None or batch.follower.state.end is not None:
+    if batch is None:
+        return suspend_queued(run) if run.settings.queue else []
+    if batch.follower.state.end is not None:
         return []
     jobs = batch.follower.jobs
-    suspended = []
-    for name in jobs.names:
-        if not run.receipt.has_job(name) or job_finished(jobs.seen.get(name) or {}):
-            continue
+    return [
+        name
+        for name in jobs.names
+        if run.receipt.has_job(name)
+        and not job_finished(jobs.seen.get(name) or {})
+        and suspend_run_job(run, name)
+    ]
+
+
+def suspend_queued(run: RunContext) -> list[str]:
+    """Interrupted while Kueue held the batch (or had just let it go): each Job the receipt names
+    and the cluster has not seen end, suspended and its Workload deactivated."""
+    names = []
+    for name in run.receipt.job_uids():
         try:
-            run.kubectl.run(
-                ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", SUSPEND_PATCH],
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-            )
-        except DemoError as error:
-            print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
-            continue
-        suspended.append(name)
-    return suspended
+            live = run.kubectl.get("job", name, run.namespace, missing_ok=True)
+        except DemoError:
+            live = None
+        if live is not None and not job_finished(live) and suspend_run_job(run, name):
+            names.append(name)
+    return names
+
+
+def suspend_run_job(run: RunContext, name: str) -> bool:
+    """One Job suspended (its Workload deactivated too, under a queue); whether it was."""
+    try:
+        run.kubectl.run(
+            ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", SUSPEND_PATCH],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    except DemoError as error:
+        print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
+        return False
+    if run.settings.queue:  # else Kueue resumes it, its Workload being admitted
+        stop_queued(run.kubectl, run.namespace, name, run.receipt.job_uids().get(name))
+    return True
 
 
 def close(run: RunContext) -> None:

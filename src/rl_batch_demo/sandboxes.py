@@ -159,7 +159,7 @@ class PodView:
     warm_since: float | None = None  # this client's monotonic clock, when it answered
     claimed: bool = False
     ended_at: float | None = None  # this client's monotonic clock, when it finished or was lost
-    traced: int = 0  # its episodes whose spans were sent: the first carries its start
+    traced: int = 0  # its episodes finished: the first one's spans carry its start
 
     @property
     def usable(self) -> bool:

@@ -1023,10 +1023,14 @@ def reward_figures(rows: Sequence[dict], records: Sequence[dict], builtin: bool)
     }
 
 
-def ran_pods(job: dict, pods: Sequence[dict]) -> tuple[list[dict], list[str]]:
+def ran_pods(
+    job: dict, pods: Sequence[dict], logs: Mapping[str, str]
+) -> tuple[list[dict], list[str]]:
     """The pods an episode may have run in, and the names of those a suspension of the Job
     deleted before any container was made (outcomes.never_ran): no episode, not counted."""
-    unrun = sorted(pod_name(pod) for pod in pods if never_ran(pod, job))
+    unrun = sorted(
+        pod_name(pod) for pod in pods if never_ran(pod, job, logs.get(pod_name(pod), ""))
+    )
     return [pod for pod in pods if pod_name(pod) not in unrun], unrun
 
 
@@ -1050,7 +1054,7 @@ def summarise_batch(
     summarised while the batch ran, each taken where its pod, log and inputs are the final ones
     (the result is the same as without them). `index`: the watch's index of the events, taken
     where it is exact and of these very events (else they are read again)."""
-    drafts, (pods, unrun) = drafts or {}, ran_pods(job, pods)
+    drafts, (pods, unrun) = drafts or {}, ran_pods(job, pods, logs)
     episodes = verify_batch(count, job, pods, logs, builtin, drafts)
     sources = batch_sources(job, pods, count, episodes, events, observed, index)
     summarised = [

@@ -71,9 +71,8 @@ def otlp_span(span: dict) -> Span:
 
 
 def us(text: str) -> int:
-    """A time of a pool's episodes.csv (a float as Python writes it; the server's clock gives
-    more than six decimals) to the microsecond, as `%.6f` rounds it: a float times 1e6 can
-    miss by one at today's times."""
+    """A time of a pool's episodes.csv (written `%.6f`) in microseconds, read as text: a float
+    times 1e6 can miss by one at today's times."""
     return int(f"{float(text):.6f}".replace(".", ""))
 
 

@@ -6,6 +6,7 @@ refused over quota, and their admission measured from the Workloads' own conditi
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import discovered_kueue, skip_or_fail
-from e2e_support import load, run_tool, start_tool, write_script
+from e2e_support import TASK_EPISODE_HEAD, load, run_tool, start_tool, write_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.xdist_group("real-cluster")]
 
@@ -361,6 +362,7 @@ def test_a_pool_over_the_quota_is_refused_before_anything_is_made(real_cluster, 
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "can never be admitted by queue lq (ClusterQueue cq-pool-over)" in result.stderr
     assert "runs 12 pods at once" in result.stderr and "nothing was created" in result.stderr
+    assert "lower --size or ask for more quota" in result.stderr
     assert run_labelled(cluster, "kq-pool-over", "jobs") == []
     assert run_labelled(cluster, "kq-pool-over", "secrets") == []
 
@@ -391,3 +393,90 @@ def test_a_detached_queued_run_is_attached_and_its_admission_measured(
     cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert run_labelled(cluster, "kq-detach", "jobs") == []
+
+
+def test_a_queued_pool_closed_early_stays_stopped(real_cluster, kueue, tmp_path, monkeypatch):
+    """Kueue resumes a suspended Job whose Workload is admitted: a queued pool closed before its
+    episodes were all served (and not cleaned up) deactivates its Workload, so no sandbox starts
+    again and the quota is given back."""
+    import rl_batch_demo
+
+    kubectl, cluster = real_cluster
+    for name, value in cluster.env().items():
+        monkeypatch.setenv(name, value)
+    kueue.queue("kq-stop", "lq", "cq-stop", {"cpu": "700m", "memory": "2Gi"})
+    output = tmp_path / "p"
+    flags = dict(kubectl=kubectl, namespace="kq-stop", queue="lq", cleanup=False)
+    with rl_batch_demo.open_pool(output=str(output), size=2, episodes=6, **flags) as pool:
+        with pool.claim(timeout=180) as sandbox:
+            assert sandbox.run(["echo", "one"]).stdout == "one\n"
+            sandbox.finish(reward=1.0)
+    run_id = load(output / "receipt.json")["run_id"]
+    time.sleep(15)  # Kueue reconciles a resumed Job within a second or two
+    job = cluster.get("jobs", "kq-stop", f"pool-{run_id}")
+    assert job["spec"]["suspend"] is True
+    live = [
+        pod["metadata"]["name"]
+        for pod in cluster.list("pods", "kq-stop")
+        if not pod["metadata"].get("deletionTimestamp")
+        and pod["status"].get("phase") in ("Pending", "Running")
+    ]
+    assert live == []
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert run_labelled(cluster, "kq-stop", "jobs") == []
+
+
+HELD_TASK_SCRIPT = TASK_EPISODE_HEAD + "time.sleep(6)\nemit('reward', reward=task['x'])\n"
+
+
+def test_a_queued_run_stopped_by_ctrl_c_stays_stopped_and_attach_lets_kueue_resume_it(
+    real_cluster, kueue, tmp_path
+):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-int", "lq", "cq-int", QUOTA)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{x}", "x": x}) + "\n" for x in (1, 2)))
+    output = tmp_path / "out"
+    process = start_tool(
+        cluster,
+        kubectl,
+        "run",
+        namespace="kq-int",
+        queue="lq",
+        tasks=tasks,
+        episode_script=write_script(tmp_path, HELD_TASK_SCRIPT),
+        retries=1,
+        output=output,
+        quiet=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any(
+            pod["status"].get("phase") == "Running" for pod in cluster.list("pods", "kq-int")
+        ):
+            assert time.monotonic() < deadline and process.poll() is None, "no pod ran"
+            time.sleep(0.5)
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    run_id = load(output / "receipt.json")["run_id"]
+    time.sleep(12)  # Kueue would have resumed the Job by now, its Workload admitted
+    job = cluster.get("jobs", "kq-int", f"rollout-{run_id}")
+    assert job["spec"]["suspend"] is True, stderr
+    assert [
+        pod["metadata"]["name"]
+        for pod in cluster.list("pods", "kq-int")
+        if not pod["metadata"].get("deletionTimestamp")
+        and pod["status"].get("phase") in ("Pending", "Running")
+    ] == []
+    attached = run_tool(cluster, kubectl, "attach", output=output, quiet=True)
+    assert attached.returncode == 0, attached.stderr
+    results = load(output / "results.json")
+    lines = [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
+    assert sorted(line["reward"] for line in lines if line["valid"]) == [1, 2], lines
+    assert load(output / "client.json")["attached"]["resumed_jobs"] == [f"rollout-{run_id}"]
+    assert results["admission"]["admitted_at"] is not None
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
+    assert cleaned.returncode == 0, cleaned.stderr

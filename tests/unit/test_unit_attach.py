@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -134,11 +135,16 @@ def test_attach_resumes_a_job_its_client_suspended_never_one_need_groups_stopped
             patched.append(args)
             return ""
 
-    run = type("Run", (), {"kubectl": Recording(), "namespace": "ns"})()
+        def get_list(self, kind: str, namespace: str, *flags: str, **options: object) -> dict:
+            assert flags == ("-l", "kueue.x-k8s.io/job-uid=u-interrupted")
+            return {"items": [{"metadata": {"name": "job-interrupted-1a2b3"}}]}
+
+    settings = SimpleNamespace(queue=None)
+    run = SimpleNamespace(kubectl=Recording(), namespace="ns", settings=settings)
 
     def job(name: str, annotations: dict) -> dict:
         return {
-            "metadata": {"name": name, "annotations": annotations},
+            "metadata": {"name": name, "uid": f"u-{name}", "annotations": annotations},
             "spec": {"suspend": True},
             "status": {"active": 2},
         }
@@ -146,7 +152,15 @@ def test_attach_resumes_a_job_its_client_suspended_never_one_need_groups_stopped
     stopped = job("stopped", {demo.NEED_GROUPS_ANNOTATION: "2"})
     interrupted = job("interrupted", {})
     assert demo.MODULES["attach"].resume(run, [stopped, interrupted]) == ["interrupted"]
-    assert [args[2] for args in patched] == ["interrupted"]
+    assert [args[:3] for args in patched] == [["patch", "job", "interrupted"]]
+    # Queued: Kueue would suspend a Job resumed by hand again; its Workload is let go instead
+    # (the interrupted client deactivated it), and Kueue resumes the Job once it admits it.
+    patched.clear()
+    settings.queue = "lq"
+    assert demo.MODULES["attach"].resume(run, [stopped, interrupted]) == ["interrupted"]
+    (((kind, name), body),) = [(args[1:3], args[-1]) for args in patched]
+    assert name == "job-interrupted-1a2b3" and kind.startswith("workloads.")
+    assert json.loads(body) == {"spec": {"active": True}}
 
 
 class VanishingNamespace:

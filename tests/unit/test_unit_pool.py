@@ -260,21 +260,26 @@ def test_a_pools_episodes_csv_holds_server_ready_and_server_start_with_their_pre
     }  # fmt: skip
     point = {
         "pod": "pool-a", "pod_created_at": 100.0, "container_started_at": 101.0,
-        "server_ready_at": 101.25, "server_start_seconds": 0.25,
+        "server_ready_at": 101.2500004999, "server_start_seconds": 0.25,
     }  # fmt: skip
     rows = list(csv.DictReader(io.StringIO(demo.pool_episodes_csv([line], [point]))))
     assert len(rows) == 1
     row = rows[0]
+    # Every point at the microsecond, as a run's episodes.csv and the spans have it.
     assert (row["server_ready_at"], row["server_ready_source"]) == (
-        "101.25",
+        "101.250000",
         "the sandbox server's clock",
     )
     assert (row["server_start_seconds"], row["server_start_precision_seconds"]) == ("0.25", "1.0")
     assert (row["container_started_at"], row["container_started_precision_seconds"]) == (
-        "101.0",
+        "101.000000",
         "1.0",
     )
-    assert (row["claimed_at"], row["finished_at"], row["task_id"]) == ("110.5", "111.0", "t1")
+    assert (row["claimed_at"], row["finished_at"], row["task_id"]) == (
+        "110.500000",
+        "111.000000",
+        "t1",
+    )
 
 
 def planned_pool(harden: bool = False, **options: object) -> tuple[object, dict]:
@@ -349,6 +354,8 @@ def test_a_pools_sandbox_has_its_cpu_memory_env_and_secrets() -> None:
     }
     env = [item["name"] for item in container["env"]]
     assert env[:4] == ["POD_IP", "SANDBOX_PORT", "SANDBOX_IDLE_SECONDS", "SANDBOX_TOKEN_FILE"]
+    # Every variable the server reads is set in `env`, which beats a Secret's keys (envFrom).
+    assert set(demo.SERVER_ENV) <= set(env)
     assert {i["name"]: i.get("value") for i in container["env"]}["A"] == "b=c"
     assert container["envFrom"] == [{"secretRef": {"name": "keys"}}]
     # In its own namespace, the Secret is copied there (planned without its data).

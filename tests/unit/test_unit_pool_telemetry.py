@@ -214,4 +214,13 @@ def test_a_pools_timeline_names_each_row_by_its_task_and_draws_its_phases() -> N
     assert "seconds after the pool&#x27;s first pod was created" in svg
     many = [line(i, f"pool-{i}", 1002.0, 1003.0) for i in range(250)]
     svg = demo.pool_timeline_svg(demo.pool_episodes(many, []), "250 episodes")
-    assert "(the first 200 episodes of 250)" in svg and ">task-199 #199</text>" not in svg
+    assert "(the first 200 episodes of 250)" in svg
+    assert "<title>pool-199 " in svg and "<title>pool-200 " not in svg
+
+
+def test_a_cold_claims_wait_is_titled_with_its_own_length() -> None:
+    # Claimed before its sandbox was ready (at 1000.5, ready at 1001.25), given it at 1010.
+    cold = line(0, "pool-a", 1010.0, 1012.0, claim_wait_seconds=9.5)
+    svg = demo.pool_timeline_svg(demo.pool_episodes([cold], [START]), "1 episode")
+    assert "<title>pool-a claim_wait: 9.500 s (8.750 s of it after the phase before)</title>" in svg
+    assert "<title>pool-a server_start: 0.250 s</title>" in svg
