@@ -7579,10 +7579,8 @@ def ran_pods(
 ) -> tuple[list[dict], list[str]]:
     """The pods an episode may have run in, and the names of those a suspension of the Job
     deleted before any container was made (outcomes.never_ran): no episode, not counted."""
-    unrun = sorted(
-        pod_name(pod) for pod in pods if never_ran(pod, job, logs.get(pod_name(pod), ""))
-    )
-    return [pod for pod in pods if pod_name(pod) not in unrun], unrun
+    unrun = {pod_name(pod) for pod in pods if never_ran(pod, job, logs.get(pod_name(pod), ""))}
+    return [pod for pod in pods if pod_name(pod) not in unrun], sorted(unrun)
 
 
 @cycle_collector_paused()
@@ -16965,14 +16963,13 @@ def suspend_batch(run: RunContext) -> list[str]:
         return suspend_queued(run) if run.settings.queue else []
     if batch.follower.state.end is not None:
         return []
-    jobs = batch.follower.jobs
-    return [
-        name
-        for name in jobs.names
-        if run.receipt.has_job(name)
-        and not job_finished(jobs.seen.get(name) or {})
-        and suspend_run_job(run, name)
-    ]
+    jobs, suspended = batch.follower.jobs, []
+    for name in jobs.names:
+        if not run.receipt.has_job(name) or job_finished(jobs.seen.get(name) or {}):
+            continue
+        if suspend_run_job(run, name):
+            suspended.append(name)
+    return suspended
 
 
 def suspend_queued(run: RunContext) -> list[str]:

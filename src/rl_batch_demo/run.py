@@ -995,14 +995,13 @@ def suspend_batch(run: RunContext) -> list[str]:
         return suspend_queued(run) if run.settings.queue else []
     if batch.follower.state.end is not None:
         return []
-    jobs = batch.follower.jobs
-    return [
-        name
-        for name in jobs.names
-        if run.receipt.has_job(name)
-        and not job_finished(jobs.seen.get(name) or {})
-        and suspend_run_job(run, name)
-    ]
+    jobs, suspended = batch.follower.jobs, []
+    for name in jobs.names:
+        if not run.receipt.has_job(name) or job_finished(jobs.seen.get(name) or {}):
+            continue
+        if suspend_run_job(run, name):
+            suspended.append(name)
+    return suspended
 
 
 def suspend_queued(run: RunContext) -> list[str]:

@@ -1028,10 +1028,8 @@ def ran_pods(
 ) -> tuple[list[dict], list[str]]:
     """The pods an episode may have run in, and the names of those a suspension of the Job
     deleted before any container was made (outcomes.never_ran): no episode, not counted."""
-    unrun = sorted(
-        pod_name(pod) for pod in pods if never_ran(pod, job, logs.get(pod_name(pod), ""))
-    )
-    return [pod for pod in pods if pod_name(pod) not in unrun], unrun
+    unrun = {pod_name(pod) for pod in pods if never_ran(pod, job, logs.get(pod_name(pod), ""))}
+    return [pod for pod in pods if pod_name(pod) not in unrun], sorted(unrun)
 
 
 @cycle_collector_paused()
